@@ -1,0 +1,28 @@
+"""jequi: fast O(3)-equivariant Clebsch-Gordan tensor products and graph convolutions in JAX.
+
+>>> import jequi
+>>> tp = jequi.channelwise("32x0e+16x1o", "0e+1o+2e", "0e+1o+2e")
+>>> z = tp(x, y, w)                                   # e3nn-jax's numbers, any backend
+>>> out = tp.conv(x, y, w, senders, receivers, num_nodes)
+"""
+
+from .backends import available_backends, default_backend
+from .descriptor import Path, Segment, SparsePlan, TensorProductDescriptor
+from .irreps import Irrep, Irreps
+from .tensor_product import TensorProduct, channelwise, fully_connected
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Irrep",
+    "Irreps",
+    "Path",
+    "Segment",
+    "SparsePlan",
+    "TensorProduct",
+    "TensorProductDescriptor",
+    "available_backends",
+    "channelwise",
+    "default_backend",
+    "fully_connected",
+]

@@ -1,0 +1,367 @@
+"""The tensor-product descriptor: the one source of truth every backend compiles from.
+
+A descriptor holds, for one `(irreps_in1, irreps_in2, irreps_out, instructions,
+normalization, layout)` problem:
+
+* the validated instructions as :class:`Path` objects, each with its Clebsch-Gordan block
+  (e3nn-jax's real basis and values, times the path's normalization, in float64),
+* where every irrep block lives in the flat inputs and output (:class:`Segment`, for the
+  ``mul_ir`` and ``ir_mul`` layouts),
+* the flat weight layout (e3nn's instruction order, each path's weights row-major),
+* a :class:`SparsePlan`: the nonzero CG entries of all paths with normalization folded in,
+  grouped per output segment, for kernel generators.
+
+Backends read these fields; none of them recomputes a CG value or a normalization factor.
+The normalization formulas are those of ``e3nn_jax.legacy.FunctionalTensorProduct``.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import math
+import numbers
+from typing import Sequence
+
+import e3nn_jax as e3nn
+import numpy as np
+
+from .irreps import Irrep, Irreps, as_irreps
+
+#: Connection modes: how the multiplicity channels of the two inputs meet the output's.
+MODES = ("uvw", "uvu", "uvv", "uuw", "uuu", "uvuv")
+LAYOUTS = ("mul_ir", "ir_mul")
+IRREP_NORMALIZATIONS = ("component", "norm", "none")
+_NAMED_EXPONENTS = {"element": 0.0, "path": 1.0}
+
+#: Entries of |CG| below this (relative to 1) are e3nn's numerical noise, not structure.
+_CG_ZERO = 1e-12
+
+
+@dataclasses.dataclass(frozen=True)
+class Segment:
+    """One ``mul x ir`` block of a flat feature vector.
+
+    ``index()[u, m]`` is the flat position of channel ``u``, component ``m``: ``offset +
+    u * ir_dim + m`` in the ``mul_ir`` layout (e3nn's), ``offset + m * mul + u`` in ``ir_mul``
+    (cuEquivariance's).
+    """
+
+    offset: int
+    mul: int
+    ir: Irrep
+    layout: str
+
+    @property
+    def ir_dim(self) -> int:
+        return self.ir.dim
+
+    @property
+    def size(self) -> int:
+        return self.mul * self.ir.dim
+
+    def index(self) -> np.ndarray:
+        u = np.arange(self.mul)[:, None]
+        m = np.arange(self.ir.dim)[None, :]
+        if self.layout == "mul_ir":
+            return self.offset + u * self.ir.dim + m
+        return self.offset + m * self.mul + u
+
+
+def segments_of(irreps: Irreps, layout: str) -> tuple[Segment, ...]:
+    """The blocks of a flat vector with these irreps, in order."""
+    out, offset = [], 0
+    for mul, ir in irreps:
+        out.append(Segment(offset, mul, ir, layout))
+        offset += mul * ir.dim
+    return tuple(out)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Path:
+    """One validated instruction.
+
+    ``cg[i, j, k]`` is e3nn's Clebsch-Gordan coefficient times :attr:`path_weight` (the
+    normalization), so a path contributes, e.g. for ``uvu``,
+    ``z[u, k] += sum_{v, i, j} w[u, v] * cg[i, j, k] * x1[u, i] * x2[v, j]``.
+    Weights of the path live at ``w[weight_offset : weight_offset + prod(weight_shape)]``,
+    row-major in :attr:`weight_shape` (e3nn's ``path_shape``); unweighted paths have an empty
+    ``weight_shape`` and use weight 1.
+    """
+
+    index: int
+    i_in1: int
+    i_in2: int
+    i_out: int
+    mode: str
+    has_weight: bool
+    mul_in1: int
+    mul_in2: int
+    mul_out: int
+    ir_in1: Irrep
+    ir_in2: Irrep
+    ir_out: Irrep
+    path_weight: float
+    weight_std: float
+    weight_offset: int
+    weight_shape: tuple[int, ...]
+    cg: np.ndarray
+
+    @property
+    def weight_numel(self) -> int:
+        return math.prod(self.weight_shape) if self.has_weight else 0
+
+    @property
+    def num_elements(self) -> int:
+        """e3nn's fan-in of one output component, used by ``path_normalization``."""
+        return _fan_in(self.mode, self.mul_in1, self.mul_in2)
+
+    @property
+    def is_empty(self) -> bool:
+        """True when the path touches no data (a zero multiplicity)."""
+        return 0 in (self.mul_in1, self.mul_in2, self.mul_out)
+
+    def nonzeros(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``(i, j, k, coeff)`` of the nonzero CG entries, ordered by ``k`` then ``(i, j)``."""
+        k, i, j = np.nonzero(np.abs(self.cg.transpose(2, 0, 1)) > _CG_ZERO)
+        return i, j, k, self.cg[i, j, k]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class SparsePlan:
+    """All nonzero CG entries of a descriptor, one row per entry (B3/Insum-style metadata).
+
+    Rows are sorted by output segment, then path, then output component ``k``; the rows of
+    output segment ``s`` are ``segment_ptr[s]:segment_ptr[s + 1]`` (CSR over output
+    segments). ``coeff`` has the path normalization folded in. Per-path offsets into x, y, w
+    and z are on the descriptor's :class:`Path` and :class:`Segment` objects.
+    """
+
+    path: np.ndarray
+    i: np.ndarray
+    j: np.ndarray
+    k: np.ndarray
+    coeff: np.ndarray
+    segment_ptr: np.ndarray
+
+    @property
+    def nnz(self) -> int:
+        return int(self.path.shape[0])
+
+
+def _exponent(value, name: str) -> float:
+    if isinstance(value, str):
+        if value not in _NAMED_EXPONENTS:
+            raise ValueError(f"{name} must be 'element', 'path' or a number, got {value!r}")
+        return _NAMED_EXPONENTS[value]
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return float(value)
+    raise ValueError(f"{name} must be 'element', 'path' or a number, got {value!r}")
+
+
+def _check_instruction(n: int, ins, irreps_in1: Irreps, irreps_in2: Irreps, irreps_out: Irreps):
+    """Validate one instruction tuple; return it as (i1, i2, io, mode, has_weight, path_weight)."""
+    if not isinstance(ins, (tuple, list)) or len(ins) not in (5, 6):
+        raise ValueError(
+            f"instruction {n}: expected (i_in1, i_in2, i_out, mode, has_weight[, path_weight]), got {ins!r}"
+        )
+    i1, i2, io, mode, has_weight = ins[:5]
+    path_weight = ins[5] if len(ins) == 6 else 1.0
+    for name, idx, irreps in (("i_in1", i1, irreps_in1), ("i_in2", i2, irreps_in2), ("i_out", io, irreps_out)):
+        if not isinstance(idx, numbers.Integral) or isinstance(idx, bool):
+            raise ValueError(f"instruction {n}: {name}={idx!r} is not an integer")
+        if not 0 <= idx < len(irreps):
+            raise ValueError(
+                f"instruction {n}: {name}={idx} is out of range for irreps {irreps} ({len(irreps)} entries)"
+            )
+    if mode not in MODES:
+        raise ValueError(f"instruction {n}: unknown mode {mode!r}; supported modes are {', '.join(MODES)}")
+    if not isinstance(has_weight, (bool, np.bool_)):
+        raise ValueError(f"instruction {n}: has_weight must be a bool, got {has_weight!r}")
+    if not isinstance(path_weight, numbers.Real) or isinstance(path_weight, bool) or not math.isfinite(path_weight):
+        raise ValueError(f"instruction {n}: path_weight must be a finite number, got {path_weight!r}")
+    if path_weight < 0:
+        raise ValueError(f"instruction {n}: path_weight must be >= 0 (it is a variance), got {path_weight}")
+
+    (m1, ir1), (m2, ir2), (mo, iro) = irreps_in1[i1], irreps_in2[i2], irreps_out[io]
+    if ir1.p * ir2.p != iro.p or not abs(ir1.l - ir2.l) <= iro.l <= ir1.l + ir2.l:
+        raise ValueError(
+            f"instruction {n}: {ir1} x {ir2} -> {iro} breaks the selection rules "
+            f"(need |l1-l2| <= l_out <= l1+l2 and p_out = p1*p2; {ir1} x {ir2} gives {list(ir1 * ir2)})"
+        )
+    need = {
+        "uvw": (True, "any multiplicities"),
+        "uvu": (m1 == mo, f"mul_in1 == mul_out (got {m1} and {mo})"),
+        "uvv": (m2 == mo, f"mul_in2 == mul_out (got {m2} and {mo})"),
+        "uuw": (m1 == m2, f"mul_in1 == mul_in2 (got {m1} and {m2})"),
+        "uuu": (m1 == m2 == mo, f"mul_in1 == mul_in2 == mul_out (got {m1}, {m2}, {mo})"),
+        "uvuv": (m1 * m2 == mo, f"mul_in1 * mul_in2 == mul_out (got {m1}*{m2} and {mo})"),
+    }[mode]
+    if not need[0]:
+        raise ValueError(f"instruction {n}: mode {mode!r} needs {need[1]}")
+    if mode == "uvw" and not has_weight:
+        raise ValueError(f"instruction {n}: mode 'uvw' needs weights (has_weight=True)")
+    if mode == "uuw" and not has_weight and mo != 1:
+        raise ValueError(f"instruction {n}: unweighted 'uuw' sums over u and needs mul_out == 1 (got {mo})")
+    return int(i1), int(i2), int(io), mode, bool(has_weight), float(path_weight)
+
+
+def _fan_in(mode: str, m1: int, m2: int) -> int:
+    return {"uvw": m1 * m2, "uvu": m2, "uvv": m1, "uuw": m1, "uuu": 1, "uvuv": 1}[mode]
+
+
+def _weight_shape(mode: str, m1: int, m2: int, mo: int) -> tuple[int, ...]:
+    return {
+        "uvw": (m1, m2, mo),
+        "uvu": (m1, m2),
+        "uvv": (m1, m2),
+        "uuw": (m1, mo),
+        "uuu": (m1,),
+        "uvuv": (m1, m2),
+    }[mode]
+
+
+@functools.lru_cache(maxsize=None)
+def _clebsch_gordan(l1: int, l2: int, l3: int) -> np.ndarray:
+    cg = np.asarray(e3nn.clebsch_gordan(l1, l2, l3), dtype=np.float64)
+    cg.setflags(write=False)
+    return cg
+
+
+class TensorProductDescriptor:
+    """Validated, normalized description of a CG tensor product (see module docstring).
+
+    Equal arguments give equal (and equally hashed) descriptors, so compiled backend plans
+    can be cached on them.
+    """
+
+    def __init__(
+        self,
+        irreps_in1,
+        irreps_in2,
+        irreps_out,
+        instructions: Sequence[tuple],
+        *,
+        irrep_normalization: str = "component",
+        path_normalization="element",
+        gradient_normalization="path",
+        layout: str = "mul_ir",
+    ):
+        self.irreps_in1 = as_irreps(irreps_in1, "irreps_in1")
+        self.irreps_in2 = as_irreps(irreps_in2, "irreps_in2")
+        self.irreps_out = as_irreps(irreps_out, "irreps_out")
+        if irrep_normalization not in IRREP_NORMALIZATIONS:
+            raise ValueError(
+                f"irrep_normalization must be one of {IRREP_NORMALIZATIONS}, got {irrep_normalization!r}"
+            )
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+        self.irrep_normalization = irrep_normalization
+        self.path_normalization = path_normalization
+        self.gradient_normalization = gradient_normalization
+        self.layout = layout
+        path_exp = _exponent(path_normalization, "path_normalization")
+        grad_exp = _exponent(gradient_normalization, "gradient_normalization")
+
+        if isinstance(instructions, (str, bytes)) or not isinstance(instructions, Sequence):
+            raise ValueError(f"instructions must be a list of tuples, got {instructions!r}")
+        checked = [
+            _check_instruction(n, ins, self.irreps_in1, self.irreps_in2, self.irreps_out)
+            for n, ins in enumerate(instructions)
+        ]
+        self.instructions = tuple(checked)
+        self.paths = self._make_paths(checked, path_exp, grad_exp)
+        self.weight_numel = sum(p.weight_numel for p in self.paths)
+        self.in1 = segments_of(self.irreps_in1, layout)
+        self.in2 = segments_of(self.irreps_in2, layout)
+        self.out = segments_of(self.irreps_out, layout)
+        self._key = (
+            str(self.irreps_in1),
+            str(self.irreps_in2),
+            str(self.irreps_out),
+            self.instructions,
+            irrep_normalization,
+            path_exp,
+            grad_exp,
+            layout,
+        )
+
+    def _make_paths(self, checked, path_exp: float, grad_exp: float) -> tuple[Path, ...]:
+        # Exactly e3nn_jax.legacy.FunctionalTensorProduct's _normalize_instruction_path_weights,
+        # with unit input/output variances.
+        muls = [
+            (self.irreps_in1[i1].mul, self.irreps_in2[i2].mul, self.irreps_out[io].mul)
+            for i1, i2, io, *_ in checked
+        ]
+        fan_in = [_fan_in(ins[3], m1, m2) for ins, (m1, m2, _) in zip(checked, muls)]
+        sums = collections.defaultdict(float)
+        for ins, var in zip(checked, fan_in):
+            sums[ins[2]] += var ** (1.0 - path_exp)
+
+        paths, offset = [], 0
+        for n, ((i1, i2, io, mode, has_weight, user_weight), (m1, m2, mo), var) in enumerate(
+            zip(checked, muls, fan_in)
+        ):
+            ir1, ir2, iro = self.irreps_in1[i1].ir, self.irreps_in2[i2].ir, self.irreps_out[io].ir
+            alpha = {"component": iro.dim, "norm": ir1.dim * ir2.dim, "none": 1}[self.irrep_normalization]
+            x = var**path_exp * sums[io]
+            if x > 0.0:
+                alpha /= x
+            alpha *= user_weight
+            if has_weight:
+                path_weight = math.sqrt(alpha) ** grad_exp
+                weight_std = math.sqrt(alpha) ** (1.0 - grad_exp)
+            else:
+                path_weight, weight_std = math.sqrt(alpha), 1.0
+            shape = _weight_shape(mode, m1, m2, mo) if has_weight else ()
+            cg = path_weight * _clebsch_gordan(ir1.l, ir2.l, iro.l)
+            cg.setflags(write=False)
+            path = Path(
+                n, i1, i2, io, mode, has_weight, m1, m2, mo, ir1, ir2, iro,
+                path_weight, weight_std, offset, shape, cg,
+            )
+            offset += path.weight_numel
+            paths.append(path)
+        return tuple(paths)
+
+    # --- identity -------------------------------------------------------------------------
+    def __eq__(self, other) -> bool:
+        return isinstance(other, TensorProductDescriptor) and self._key == other._key
+
+    def __hash__(self) -> int:
+        return hash(self._key)
+
+    def __repr__(self) -> str:
+        return (
+            f"TensorProductDescriptor({self.irreps_in1} x {self.irreps_in2} -> {self.irreps_out}, "
+            f"{len(self.paths)} paths, {self.weight_numel} weights, {self.layout})"
+        )
+
+    # --- derived views ----------------------------------------------------------------------
+    @property
+    def dims(self) -> tuple[int, int, int]:
+        """(in1.dim, in2.dim, out.dim)."""
+        return self.irreps_in1.dim, self.irreps_in2.dim, self.irreps_out.dim
+
+    @property
+    def active_paths(self) -> tuple[Path, ...]:
+        """Paths that touch data (no zero multiplicity, nonzero normalization)."""
+        return tuple(p for p in self.paths if not p.is_empty and p.path_weight != 0.0)
+
+    @functools.cached_property
+    def sparse_plan(self) -> SparsePlan:
+        ordered = sorted(self.active_paths, key=lambda p: (p.i_out, p.index))
+        blocks = [(np.full(len(nz[0]), p.index), *nz) for p in ordered for nz in [p.nonzeros()]]
+        counts = np.zeros(len(self.irreps_out), dtype=np.int64)
+        for p, block in zip(ordered, blocks):
+            counts[p.i_out] += len(block[0])
+        cols = [np.concatenate([b[f] for b in blocks]) if blocks else np.zeros(0) for f in range(5)]
+        return SparsePlan(
+            path=cols[0].astype(np.int32),
+            i=cols[1].astype(np.int32),
+            j=cols[2].astype(np.int32),
+            k=cols[3].astype(np.int32),
+            coeff=cols[4].astype(np.float64),
+            segment_ptr=np.concatenate([[0], np.cumsum(counts)]).astype(np.int64),
+        )

@@ -1,0 +1,245 @@
+"""The public tensor-product object: ``TensorProduct``, ``channelwise``, ``fully_connected``."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import e3nn_jax as e3nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import backends, graph
+from .autodiff import TrilinearOp, trilinear_op
+from .descriptor import TensorProductDescriptor
+from .irreps import Irreps, as_irreps
+
+
+@functools.lru_cache(maxsize=512)
+def _tp_op(desc: TensorProductDescriptor, backend: str) -> TrilinearOp:
+    b = backends.BACKENDS[backend]
+    return trilinear_op(
+        functools.partial(b.forward, desc),
+        functools.partial(b.backward, desc),
+    )
+
+
+@functools.lru_cache(maxsize=512)
+def _conv_op(desc: TensorProductDescriptor, backend: str, num_nodes: int) -> TrilinearOp:
+    b = backends.BACKENDS[backend]
+    return trilinear_op(
+        lambda x, y, w, s, r: b.conv_forward(desc, x, y, w, s, r, num_nodes),
+        lambda x, y, w, g, s, r: b.conv_backward(desc, x, y, w, g, s, r, num_nodes),
+    )
+
+
+def _unwrap(value, irreps: Irreps, name: str):
+    """Plain array of an input; checks an IrrepsArray's irreps. Returns (array, was_irreps_array)."""
+    if isinstance(value, e3nn.IrrepsArray):
+        if value.irreps.simplify() != irreps.simplify():
+            raise ValueError(f"{name} has irreps {value.irreps}, expected {irreps}")
+        return value.array, True
+    if value is None:
+        raise TypeError(f"{name} is required")
+    return value, False
+
+
+def _float_dtype(*arrays):
+    for name, a in arrays:
+        dtype = jnp.result_type(a)
+        if not jnp.issubdtype(dtype, jnp.floating):
+            raise TypeError(f"{name} must be a floating-point array, got dtype {dtype}")
+    return jnp.result_type(*(a for _, a in arrays))
+
+
+class TensorProduct:
+    """A Clebsch-Gordan tensor product ``z = w . P . (x (x) y)``, as e3nn defines it.
+
+    Args:
+        irreps_in1, irreps_in2, irreps_out: irreps of ``x``, ``y`` and ``z`` (strings in e3nn
+            notation or ``e3nn_jax.Irreps``).
+        instructions: e3nn tuples ``(i_in1, i_in2, i_out, mode, has_weight[, path_weight])``;
+            modes ``uvw``, ``uvu``, ``uvv``, ``uuw``, ``uuu``, ``uvuv``.
+        shared_weights: if True, ``w`` must be one ``(weight_numel,)`` vector for all rows.
+            (A 1-D ``w`` is always broadcast as shared weights.)
+        irrep_normalization: ``"component"``, ``"norm"`` or ``"none"``.
+        path_normalization: ``"element"``, ``"path"`` or an exponent in [0, 1].
+        gradient_normalization: ``"path"`` (e3nn-jax's default: normalization in the forward
+            pass) or ``"element"`` (normalization in the weights' init, see
+            :attr:`weight_std`), or an exponent.
+        layout: ``"mul_ir"`` (e3nn's) or ``"ir_mul"`` (cuEquivariance's) for x, y and z.
+
+    Values and weight order equal
+    ``e3nn_jax.legacy.FunctionalTensorProduct(...).left_right(w, x, y)`` row by row.
+    """
+
+    def __init__(
+        self,
+        irreps_in1,
+        irreps_in2,
+        irreps_out,
+        instructions,
+        shared_weights: bool = False,
+        irrep_normalization: str = "component",
+        path_normalization="element",
+        gradient_normalization="path",
+        layout: str = "mul_ir",
+    ):
+        self.descriptor = TensorProductDescriptor(
+            irreps_in1,
+            irreps_in2,
+            irreps_out,
+            instructions,
+            irrep_normalization=irrep_normalization,
+            path_normalization=path_normalization,
+            gradient_normalization=gradient_normalization,
+            layout=layout,
+        )
+        self.shared_weights = bool(shared_weights)
+
+    # --- descriptive properties ---------------------------------------------------------
+    irreps_in1 = property(lambda self: self.descriptor.irreps_in1)
+    irreps_in2 = property(lambda self: self.descriptor.irreps_in2)
+    irreps_out = property(lambda self: self.descriptor.irreps_out)
+    instructions = property(lambda self: self.descriptor.instructions)
+
+    @property
+    def weight_numel(self) -> int:
+        """Length of the flat weight vector of one row."""
+        return self.descriptor.weight_numel
+
+    @property
+    def weight_std(self) -> np.ndarray:
+        """Per-weight init standard deviation (e3nn's ``weight_std``), shape ``(weight_numel,)``."""
+        return np.concatenate(
+            [np.full(p.weight_numel, p.weight_std) for p in self.descriptor.paths] or [np.zeros(0)]
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"TensorProduct({self.irreps_in1} x {self.irreps_in2} -> {self.irreps_out}, "
+            f"{len(self.descriptor.paths)} paths, {self.weight_numel} weights)"
+        )
+
+    # --- argument handling --------------------------------------------------------------
+    def _weights(self, w):
+        if w is None:
+            if self.weight_numel:
+                raise TypeError(f"w is required: this product has {self.weight_numel} weights")
+            return jnp.zeros((0,), jnp.float32)
+        w = jnp.asarray(w) if not isinstance(w, jax.Array) else w
+        if w.ndim == 0 or w.shape[-1] != self.weight_numel:
+            raise ValueError(f"w has shape {w.shape}; its last axis must be weight_numel={self.weight_numel}")
+        if self.shared_weights and w.ndim != 1:
+            raise ValueError(f"shared_weights=True needs w of shape ({self.weight_numel},), got {w.shape}")
+        return w
+
+    def _inputs(self, x, y, w):
+        x, wrap_x = _unwrap(x, self.irreps_in1, "x")
+        y, wrap_y = _unwrap(y, self.irreps_in2, "y")
+        x, y = jnp.asarray(x), jnp.asarray(y)
+        w = self._weights(w)
+        dtype = _float_dtype(("x", x), ("y", y), ("w", w))
+        d1, d2, _ = self.descriptor.dims
+        for name, a, d, irreps in (("x", x, d1, self.irreps_in1), ("y", y, d2, self.irreps_in2)):
+            if a.ndim == 0 or a.shape[-1] != d:
+                raise ValueError(f"{name} has shape {a.shape}; its last axis must be {irreps}.dim={d}")
+        return x.astype(dtype), y.astype(dtype), w.astype(dtype), wrap_x or wrap_y
+
+    # --- calls ------------------------------------------------------------------------------
+    def __call__(self, x, y, w=None, *, backend: str | None = None):
+        """``z[...] = tp(x[...], y[...], w[...])`` with broadcasting over leading dims.
+
+        ``x (..., in1.dim)``, ``y (..., in2.dim)``, ``w (..., weight_numel)`` or shared
+        ``(weight_numel,)``; ``IrrepsArray`` inputs give an ``IrrepsArray`` output.
+        ``backend``: ``"xla"`` (pure JAX) or another registered backend; default: the fastest
+        available on the default JAX platform.
+        """
+        x, y, w, wrap = self._inputs(x, y, w)
+        b = backends.resolve(backend)
+        shared = w.ndim == 1
+        try:
+            batch = jnp.broadcast_shapes(x.shape[:-1], y.shape[:-1], () if shared else w.shape[:-1])
+        except ValueError as exc:
+            raise ValueError(
+                f"leading dims of x {x.shape}, y {y.shape} and w {w.shape} do not broadcast"
+            ) from exc
+        d1, d2, dout = self.descriptor.dims
+        n = math.prod(batch)
+        if n == 0 or dout == 0:
+            z = jnp.zeros((*batch, dout), x.dtype)
+        else:
+            xf = jnp.broadcast_to(x, (*batch, d1)).reshape(n, d1)
+            yf = jnp.broadcast_to(y, (*batch, d2)).reshape(n, d2)
+            wf = w if shared else jnp.broadcast_to(w, (*batch, w.shape[-1])).reshape(n, -1)
+            z = _tp_op(self.descriptor, b.name).apply(xf, yf, wf).reshape(*batch, dout)
+        return e3nn.IrrepsArray(self.irreps_out, z) if wrap else z
+
+    def conv(self, x, y, w, senders, receivers, num_nodes=None, *, backend: str | None = None):
+        """Fused graph convolution ``out[r] = sum_{e: receivers[e]=r} tp(x[senders[e]], y[e], w[e])``.
+
+        ``x (num_senders, in1.dim)`` node features, ``y (E, in2.dim)`` and ``w (E,
+        weight_numel)`` (or shared ``(weight_numel,)``) per edge, ``senders``/``receivers``
+        integer ``(E,)`` in any order; ``num_nodes`` (static int, default ``x.shape[0]``) is the
+        number of output rows. Edges whose sender or receiver is out of range contribute
+        nothing (see :mod:`jequi.graph`). Batches of equal-size graphs: ``jax.vmap``.
+        """
+        x, y, w, wrap = self._inputs(x, y, w)
+        b = backends.resolve(backend)
+        if x.ndim != 2 or y.ndim != 2 or w.ndim > 2:
+            raise ValueError(
+                f"conv takes x (nodes, {x.shape[-1]}), y (edges, {y.shape[-1]}) and w (edges, "
+                f"{self.weight_numel}) or ({self.weight_numel},); got {x.shape}, {y.shape}, {w.shape} "
+                "(use jax.vmap for batches of graphs)"
+            )
+        num_edges = y.shape[0]
+        if w.ndim == 2 and w.shape[0] != num_edges:
+            raise ValueError(f"w has {w.shape[0]} rows but y has {num_edges} edges")
+        graph.check_indices(senders, receivers, num_edges)
+        num_nodes = graph.check_num_nodes(x.shape[0] if num_nodes is None else num_nodes)
+        dout = self.descriptor.dims[2]
+        if num_edges == 0 or x.shape[0] == 0 or num_nodes == 0 or dout == 0:
+            out = jnp.zeros((num_nodes, dout), x.dtype)
+        else:
+            s, r = graph.sanitize(senders, receivers, x.shape[0], num_nodes)
+            out = _conv_op(self.descriptor, b.name, num_nodes).apply(x, y, w, s, r)
+        return e3nn.IrrepsArray(self.irreps_out, out) if wrap else out
+
+
+def channelwise(irreps_in1, irreps_in2, filter_irreps_out, **kwargs) -> TensorProduct:
+    """The MACE/NequIP channelwise (``uvu``) product.
+
+    One weighted ``uvu`` path for every ``(in1, in2, ir_out)`` with ``ir_out`` in
+    ``ir1 x ir2`` and in ``filter_irreps_out``; each path gets its own ``mul_in1 x ir_out``
+    output block, and output blocks are sorted by irrep (as MACE's
+    ``tp_out_irreps_with_instructions`` and OpenEquivariance's ``ChannelwiseTPP``).
+    """
+    irreps_in1 = as_irreps(irreps_in1, "irreps_in1")
+    irreps_in2 = as_irreps(irreps_in2, "irreps_in2")
+    allowed = {ir for _, ir in as_irreps(filter_irreps_out, "filter_irreps_out")}
+    outs, instructions = [], []
+    for i, (mul, ir1) in enumerate(irreps_in1):
+        for j, (_, ir2) in enumerate(irreps_in2):
+            for ir in ir1 * ir2:
+                if ir in allowed:
+                    instructions.append((i, j, len(outs), "uvu", True))
+                    outs.append((mul, ir))
+    irreps_out, perm, _ = Irreps(outs).sort()
+    instructions = sorted(((i, j, perm[k], m, t) for i, j, k, m, t in instructions), key=lambda ins: ins[2])
+    return TensorProduct(irreps_in1, irreps_in2, irreps_out, instructions, **kwargs)
+
+
+def fully_connected(irreps_in1, irreps_in2, irreps_out, **kwargs) -> TensorProduct:
+    """The fully connected (``uvw``) product: every allowed ``(in1, in2, out)`` triple, weighted."""
+    irreps_in1 = as_irreps(irreps_in1, "irreps_in1")
+    irreps_in2 = as_irreps(irreps_in2, "irreps_in2")
+    irreps_out = as_irreps(irreps_out, "irreps_out")
+    instructions = [
+        (i1, i2, io, "uvw", True)
+        for i1, (_, ir1) in enumerate(irreps_in1)
+        for i2, (_, ir2) in enumerate(irreps_in2)
+        for io, (_, iro) in enumerate(irreps_out)
+        if iro in ir1 * ir2
+    ]
+    return TensorProduct(irreps_in1, irreps_in2, irreps_out, instructions, **kwargs)
