@@ -6,6 +6,7 @@
 >>> out = tp.conv(x, y, w, senders, receivers, num_nodes)
 """
 
+from . import problems
 from .backends import available_backends, default_backend
 from .descriptor import Path, Segment, SparsePlan, TensorProductDescriptor
 from .irreps import Irrep, Irreps
@@ -25,4 +26,5 @@ __all__ = [
     "channelwise",
     "default_backend",
     "fully_connected",
+    "problems",
 ]

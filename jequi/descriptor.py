@@ -18,6 +18,7 @@ The normalization formulas are those of ``e3nn_jax.legacy.FunctionalTensorProduc
 from __future__ import annotations
 
 import collections
+import copy
 import dataclasses
 import functools
 import math
@@ -348,6 +349,29 @@ class TensorProductDescriptor:
     def active_paths(self) -> tuple[Path, ...]:
         """Paths that touch data (no zero multiplicity, nonzero normalization)."""
         return tuple(p for p in self.paths if not p.is_empty and p.path_weight != 0.0)
+
+    @functools.cached_property
+    def trilinear(self) -> "TensorProductDescriptor":
+        """This product with each unweighted path given explicit weights, all fixed to one.
+
+        Kernels and derivative rules use this view: it is linear in each of x, y and w (an
+        unweighted path makes the product affine, not linear, in w). Its flat weights are this
+        descriptor's followed by ``trilinear.weight_numel - weight_numel`` ones.
+        """
+        if all(p.has_weight for p in self.paths):
+            return self
+        new = copy.copy(self)
+        for cached in ("trilinear", "sparse_plan"):
+            new.__dict__.pop(cached, None)
+        paths, offset = [], self.weight_numel
+        for p in self.paths:
+            if not p.has_weight:
+                shape = _weight_shape(p.mode, p.mul_in1, p.mul_in2, p.mul_out)
+                p = dataclasses.replace(p, has_weight=True, weight_offset=offset, weight_shape=shape)
+                offset += p.weight_numel
+            paths.append(p)
+        new.paths, new.weight_numel, new._key = tuple(paths), offset, self._key + ("trilinear",)
+        return new
 
     @functools.cached_property
     def sparse_plan(self) -> SparsePlan:

@@ -23,7 +23,7 @@ def check_num_nodes(num_nodes) -> int:
 def check_indices(senders, receivers, num_edges: int):
     """Check dtypes and shapes of `senders` and `receivers` (1-D integer arrays of length E)."""
     for name, idx in (("senders", senders), ("receivers", receivers)):
-        dtype = np.dtype(getattr(idx, "dtype", np.asarray(idx).dtype))
+        dtype = np.dtype(idx.dtype if hasattr(idx, "dtype") else np.asarray(idx).dtype)
         if not np.issubdtype(dtype, np.integer):
             raise TypeError(f"{name} must be an integer array, got dtype {dtype}")
         shape = np.shape(idx)

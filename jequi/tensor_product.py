@@ -147,6 +147,13 @@ class TensorProduct:
                 raise ValueError(f"{name} has shape {a.shape}; its last axis must be {irreps}.dim={d}")
         return x.astype(dtype), y.astype(dtype), w.astype(dtype), wrap_x or wrap_y
 
+    def _kernel_weights(self, w):
+        """Weights of the trilinear view: w followed by ones for the unweighted paths."""
+        extra = self.descriptor.trilinear.weight_numel - self.weight_numel
+        if not extra:
+            return w
+        return jnp.concatenate([w, jnp.ones((*w.shape[:-1], extra), w.dtype)], axis=-1)
+
     # --- calls ------------------------------------------------------------------------------
     def __call__(self, x, y, w=None, *, backend: str | None = None):
         """``z[...] = tp(x[...], y[...], w[...])`` with broadcasting over leading dims.
@@ -173,7 +180,8 @@ class TensorProduct:
             xf = jnp.broadcast_to(x, (*batch, d1)).reshape(n, d1)
             yf = jnp.broadcast_to(y, (*batch, d2)).reshape(n, d2)
             wf = w if shared else jnp.broadcast_to(w, (*batch, w.shape[-1])).reshape(n, -1)
-            z = _tp_op(self.descriptor, b.name).apply(xf, yf, wf).reshape(*batch, dout)
+            wf = self._kernel_weights(wf)
+            z = _tp_op(self.descriptor.trilinear, b.name).apply(xf, yf, wf).reshape(*batch, dout)
         return e3nn.IrrepsArray(self.irreps_out, z) if wrap else z
 
     def conv(self, x, y, w, senders, receivers, num_nodes=None, *, backend: str | None = None):
@@ -203,7 +211,8 @@ class TensorProduct:
             out = jnp.zeros((num_nodes, dout), x.dtype)
         else:
             s, r = graph.sanitize(senders, receivers, x.shape[0], num_nodes)
-            out = _conv_op(self.descriptor, b.name, num_nodes).apply(x, y, w, s, r)
+            w = self._kernel_weights(w)
+            out = _conv_op(self.descriptor.trilinear, b.name, num_nodes).apply(x, y, w, s, r)
         return e3nn.IrrepsArray(self.irreps_out, out) if wrap else out
 
 

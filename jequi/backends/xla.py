@@ -124,8 +124,8 @@ def _group_forward(g: _Group, x, y, w, dtype):
         z = jnp.einsum(f"...{s1},...{st},{wsub}->...{so}", x1, t, wg, precision=_HIGHEST)
     else:
         # Unweighted: the weight index is summed (uvu, uvv) or absent; uuw gives mul_out 1.
-        so_nw = so.replace("w", "") if g.mode == "uuw" else so
-        z = jnp.einsum(f"...{s1},...{st}->...{so_nw}", x1, t, precision=_HIGHEST)
+        so = so.replace("w", "") if g.mode == "uuw" else so
+        z = jnp.einsum(f"...{s1},...{st}->...{so}", x1, t, precision=_HIGHEST)
     return z.reshape(*z.shape[: z.ndim - len(so)], -1)
 
 

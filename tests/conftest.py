@@ -1,0 +1,54 @@
+"""Shared helpers: the e3nn-jax oracle and random inputs. Tests run in float64 unless noted."""
+
+import e3nn_jax as e3nn
+import jax
+import numpy as np
+import pytest
+from e3nn_jax.legacy import FunctionalTensorProduct
+
+jax.config.update("jax_enable_x64", True)
+
+
+def e3nn_functional(tp):
+    """e3nn-jax's FunctionalTensorProduct with the same arguments as a jequi TensorProduct."""
+    d = tp.descriptor
+    return FunctionalTensorProduct(
+        d.irreps_in1,
+        d.irreps_in2,
+        d.irreps_out,
+        list(d.instructions),
+        irrep_normalization=d.irrep_normalization,
+        path_normalization=d.path_normalization,
+        gradient_normalization=d.gradient_normalization,
+    )
+
+
+def e3nn_tp(tp, x, y, w):
+    """Row-wise e3nn-jax reference for flat arrays x (B, d1), y (B, d2), w (B, nw) or (nw,)."""
+    f = e3nn_functional(tp)
+    one = lambda w_, x_, y_: f.left_right(  # noqa: E731
+        w_, e3nn.IrrepsArray(tp.irreps_in1, x_), e3nn.IrrepsArray(tp.irreps_in2, y_)
+    ).array
+    return jax.vmap(one, in_axes=(None if w.ndim == 1 else 0, 0, 0))(w, x, y)
+
+
+def random_inputs(tp, batch, dtype=np.float64, seed=0, shared=False):
+    rng = np.random.default_rng(seed)
+    d1, d2, _ = tp.descriptor.dims
+    x = rng.normal(size=(batch, d1)).astype(dtype)
+    y = rng.normal(size=(batch, d2)).astype(dtype)
+    w = rng.normal(size=(tp.weight_numel,) if shared else (batch, tp.weight_numel)).astype(dtype)
+    return x, y, w
+
+
+def assert_close(a, b, rtol, what=""):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    assert a.shape == b.shape, (what, a.shape, b.shape)
+    scale = max(np.abs(b).max(initial=0.0), 1e-30)
+    err = np.abs(a - b).max(initial=0.0) / scale
+    assert err <= rtol, f"{what}: max error {err:.3g} relative to max |ref| (tolerance {rtol})"
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(1234)

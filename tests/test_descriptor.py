@@ -1,0 +1,50 @@
+"""The descriptor: e3nn's weight layout and normalization, and a consistent sparse plan."""
+
+import numpy as np
+import pytest
+from conftest import e3nn_functional
+
+import jequi
+from test_forward_e3nn import EDGE_CASES
+
+
+@pytest.mark.parametrize("name", ["path-weights", "gradient-element", "none-path", "mixed-modes-one-output", "uvuv"])
+def test_matches_e3nn_instructions(name):
+    tp = EDGE_CASES[name]()
+    f = e3nn_functional(tp)
+    assert tp.weight_numel == sum(int(np.prod(i.path_shape)) for i in f.instructions if i.has_weight)
+    for p, ins in zip(tp.descriptor.paths, f.instructions):
+        assert p.weight_shape == (ins.path_shape if ins.has_weight else ())
+        assert np.isclose(p.path_weight, ins.path_weight) and np.isclose(p.weight_std, ins.weight_std)
+    std = np.concatenate([np.full(int(np.prod(i.path_shape)), i.weight_std) for i in f.instructions if i.has_weight])
+    np.testing.assert_allclose(tp.weight_std, std)
+
+
+def test_sparse_plan_rebuilds_every_cg_block():
+    d = jequi.problems.get("nequip-oam-main").descriptor
+    plan = d.sparse_plan
+    assert plan.segment_ptr[-1] == plan.nnz
+    for p in d.paths:
+        rows = plan.path == p.index
+        dense = np.zeros_like(p.cg)
+        dense[plan.i[rows], plan.j[rows], plan.k[rows]] = plan.coeff[rows]
+        np.testing.assert_array_equal(dense, np.where(np.abs(p.cg) > 1e-12, p.cg, 0))
+        seg = slice(plan.segment_ptr[p.i_out], plan.segment_ptr[p.i_out + 1])
+        assert np.all(plan.path[seg][np.isin(plan.path[seg], [p.index])] == p.index)
+        assert rows[seg].sum() == rows.sum()  # the path's rows lie inside its output segment
+
+
+def test_trilinear_view_weights_every_path():
+    d = EDGE_CASES["mixed-modes-one-output"]().descriptor
+    t = d.trilinear
+    assert all(p.has_weight for p in t.paths)
+    assert t.weight_numel == d.weight_numel + 3  # the unweighted uuu path of multiplicity 3
+    assert t != d and hash(t) != hash(d)
+    assert jequi.channelwise("2x0e", "0e", "0e").descriptor.trilinear is not None
+
+
+def test_equal_arguments_give_equal_descriptors():
+    a = jequi.problems.get("mace-medium").descriptor
+    b = jequi.problems.get("mace-medium").descriptor
+    assert a == b and hash(a) == hash(b)
+    assert a != jequi.problems.get("mace-medium", layout="ir_mul").descriptor
