@@ -57,8 +57,10 @@ def trilinear_op(forward: Callable, backward: Callable) -> TrilinearOp:
     def apply(x, y, w, *aux):
         return forward(x, y, w, *aux)
 
+    # The fwd rules call the custom_vjp functions, not the raw kernels: a higher derivative
+    # differentiates the fwd rule itself, which must therefore never reach a bare kernel.
     def apply_fwd(x, y, w, *aux):
-        return forward(x, y, w, *aux), (x, y, w, aux)
+        return apply(x, y, w, *aux), (x, y, w, aux)
 
     def apply_bwd(res, gz):
         x, y, w, aux = res
@@ -72,7 +74,7 @@ def trilinear_op(forward: Callable, backward: Callable) -> TrilinearOp:
 
     def backward_fwd(x, y, w, gz, *aux):
         x, y, w, gz, *aux = (a.value for a in (x, y, w, gz, *aux))
-        return backward(x, y, w, gz, *aux), (x, y, w, gz, aux)
+        return backward_op(x, y, w, gz, *aux), (x, y, w, gz, aux)
 
     def backward_bwd(res, cts):
         x, y, w, gz, aux = res

@@ -164,7 +164,7 @@ class TensorProduct:
         available on the default JAX platform.
         """
         x, y, w, wrap = self._inputs(x, y, w)
-        b = backends.resolve(backend)
+        b = backends.resolve(backend, self.descriptor.trilinear)
         shared = w.ndim == 1
         try:
             batch = jnp.broadcast_shapes(x.shape[:-1], y.shape[:-1], () if shared else w.shape[:-1])
@@ -194,7 +194,7 @@ class TensorProduct:
         nothing (see :mod:`jequi.graph`). Batches of equal-size graphs: ``jax.vmap``.
         """
         x, y, w, wrap = self._inputs(x, y, w)
-        b = backends.resolve(backend)
+        b = backends.resolve(backend, self.descriptor.trilinear)
         if x.ndim != 2 or y.ndim != 2 or w.ndim > 2:
             raise ValueError(
                 f"conv takes x (nodes, {x.shape[-1]}), y (edges, {y.shape[-1]}) and w (edges, "

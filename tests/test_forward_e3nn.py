@@ -79,7 +79,12 @@ def _without_empty_paths(tp):
     # path without a placeholder); such paths contribute nothing, so the oracle drops them.
     d = tp.descriptor
     keep = [ins for ins, p in zip(d.instructions, d.paths) if not p.is_empty]
-    return jequi.TensorProduct(d.irreps_in1, d.irreps_in2, d.irreps_out, keep)
+    return jequi.TensorProduct(
+        d.irreps_in1, d.irreps_in2, d.irreps_out, keep,
+        irrep_normalization=d.irrep_normalization,
+        path_normalization=d.path_normalization,
+        gradient_normalization=d.gradient_normalization,
+    )
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

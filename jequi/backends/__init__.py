@@ -16,7 +16,7 @@ from typing import Callable
 
 import jax
 
-from . import xla
+from . import pallas, xla
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,11 +26,16 @@ class Backend:
     backward: Callable
     conv_forward: Callable
     conv_backward: Callable
+    check: Callable = lambda desc: None  # raises ValueError for a descriptor it cannot run
     available: Callable[[], bool] = lambda: True
 
 
 BACKENDS: dict[str, Backend] = {
     "xla": Backend("xla", xla.forward, xla.backward, xla.conv_forward, xla.conv_backward),
+    # On CPU the Pallas kernels run in interpret mode: available (for tests), never the default.
+    "pallas": Backend(
+        "pallas", pallas.forward, pallas.backward, pallas.conv_forward, pallas.conv_backward, pallas.check
+    ),
 }
 
 
@@ -39,18 +44,28 @@ def available_backends() -> list[str]:
     return [name for name, b in BACKENDS.items() if b.available()]
 
 
-def resolve(name: str | None) -> Backend:
-    """The backend called `name`, or the default one for the default JAX platform."""
+def resolve(name: str | None, desc) -> Backend:
+    """The backend called `name` for descriptor `desc`, or the default one."""
     if name is None:
-        name = default_backend()
+        name = default_backend(desc)
     if name not in BACKENDS:
         raise ValueError(f"unknown backend {name!r}; known backends: {', '.join(BACKENDS)}")
     backend = BACKENDS[name]
     if not backend.available():
         raise ValueError(f"backend {name!r} is not available on this machine ({jax.default_backend()})")
+    backend.check(desc)
     return backend
 
 
-def default_backend() -> str:
-    """The fastest correct backend for the default JAX platform."""
+def default_backend(desc=None) -> str:
+    """The fastest correct backend for `desc` on the default JAX platform.
+
+    Measured (benchmarks/results/2026-11-21-h200-tp.md): on GPU the Pallas kernels are 3-5x
+    faster than ``xla`` on channelwise products but slower on ``uvw`` backward passes, so
+    Pallas is the default for descriptors whose paths are all ``uvu``/``uuu``; on CPU always
+    ``xla`` (Pallas runs interpreted there).
+    """
+    if jax.default_backend() == "gpu" and desc is not None:
+        if {p.mode for p in desc.active_paths} <= {"uvu", "uuu"}:
+            return "pallas"
     return "xla"

@@ -1,18 +1,19 @@
 """The ``"xla"`` backend: pure JAX, any platform; the CPU default and the test oracle.
 
-The paths of a descriptor are grouped by ``(mode, has_weight, multiplicities, output irrep
-dimension)``. Within a group, every path has the same shape of computation, so the whole
-group is two ``einsum`` calls on stacked operands:
+The paths of a descriptor are grouped by ``(mode, has_weight, input-1 block, multiplicities,
+output irrep dimension)``. Within a group, every path has the same shape of computation, so
+the whole group is two ``einsum`` calls on stacked operands:
 
 * ``X1[..., u, I]`` and ``X2[..., v, J]``: the distinct input blocks the group reads,
-  gathered from the flat inputs with static index arrays (so both layouts cost the same);
+  sliced from the flat inputs and concatenated (slices and reshapes, never gathers: XLA
+  fuses them, while static gathers are slow on CPU);
 * ``C[I, J, p, k]``: the group's CG blocks (normalization folded in, zero elsewhere);
 * ``T = X2 . C`` (small: no channel of ``x`` in it), then ``Z = X1 . T . W`` per mode;
 * ``W[..., u, v, (w), p]``: the group's weights gathered from the flat weight vector.
 
-Group outputs are concatenated and placed into the output by static gathers (one per
-path that shares an output block), so no scatter is needed. A problem has a handful of
-groups (one per output ``l`` for channelwise products), not one einsum per path.
+Each path's output block is added into its output segment and the segments concatenated
+(no scatter). A problem has a handful of groups (one per output ``l`` for channelwise
+products), not one einsum per path.
 
 ``backward`` is ``jax.vjp`` of ``forward``; convolutions are gather, tensor product and
 ``segment_sum``.
@@ -27,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..descriptor import Path, TensorProductDescriptor
+from ..descriptor import Path, Segment, TensorProductDescriptor
 
 _HIGHEST = jax.lax.Precision.HIGHEST
 
@@ -47,103 +48,91 @@ _SPECS = {
 class _Group:
     mode: str
     has_weight: bool
-    idx1: np.ndarray  # (mul1, D1) flat positions in x
-    idx2: np.ndarray  # (mul2, D2) flat positions in y
+    in1: tuple[Segment, ...]  # distinct blocks of x the group reads, stacked along I
+    in2: tuple[Segment, ...]  # distinct blocks of y, stacked along J
     cg: np.ndarray  # (D1, D2, P, k)
-    widx: np.ndarray | None  # (*weight_shape, P) flat positions in w
-    out_pos: np.ndarray  # (mul_out, P, k) flat positions in z
-
-
-def _stack_blocks(segments, paths, which):
-    """Distinct input blocks of `paths` (attribute `which`), their gather index and offsets."""
-    used = sorted({getattr(p, which) for p in paths})
-    index = np.concatenate([segments[s].index() for s in used], axis=1)
-    starts = np.cumsum([0] + [segments[s].ir_dim for s in used])
-    return index, {s: int(starts[n]) for n, s in enumerate(used)}
+    paths: tuple[Path, ...]
 
 
 def _make_group(desc: TensorProductDescriptor, paths: list[Path]) -> _Group:
-    p0 = paths[0]
-    idx1, start1 = _stack_blocks(desc.in1, paths, "i_in1")
-    idx2, start2 = _stack_blocks(desc.in2, paths, "i_in2")
-    k = p0.ir_out.dim
-    cg = np.zeros((idx1.shape[1], idx2.shape[1], len(paths), k))
+    used1 = sorted({p.i_in1 for p in paths})
+    used2 = sorted({p.i_in2 for p in paths})
+    start1 = dict(zip(used1, np.cumsum([0] + [desc.in1[s].ir_dim for s in used1])))
+    start2 = dict(zip(used2, np.cumsum([0] + [desc.in2[s].ir_dim for s in used2])))
+    cg = np.zeros((start1[used1[-1]] + desc.in1[used1[-1]].ir_dim, start2[used2[-1]] + desc.in2[used2[-1]].ir_dim,
+                   len(paths), paths[0].ir_out.dim))
     for n, p in enumerate(paths):
         a, b = start1[p.i_in1], start2[p.i_in2]
         cg[a : a + p.ir_in1.dim, b : b + p.ir_in2.dim, n, :] = p.cg
-    widx = None
-    if p0.has_weight:
-        widx = np.stack(
-            [p.weight_offset + np.arange(p.weight_numel).reshape(p.weight_shape) for p in paths], axis=-1
-        )
-    out_pos = np.stack([desc.out[p.i_out].index() for p in paths], axis=1)
-    return _Group(p0.mode, p0.has_weight, idx1, idx2, cg, widx, out_pos)
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class XlaPlan:
-    """Static gather indices and CG stacks for one descriptor (see module docstring)."""
-
-    desc: TensorProductDescriptor
-    groups: tuple[_Group, ...]
-    placement: np.ndarray  # (R, out_dim): index into concat(group outputs, [0])
-
-    @classmethod
-    def build(cls, desc: TensorProductDescriptor) -> "XlaPlan":
-        by_key: dict[tuple, list[Path]] = {}
-        for p in desc.active_paths:
-            key = (p.mode, p.has_weight, p.mul_in1, p.mul_in2, p.mul_out, p.ir_out.dim)
-            by_key.setdefault(key, []).append(p)
-        groups = tuple(_make_group(desc, paths) for paths in by_key.values())
-        sources = [[] for _ in range(desc.irreps_out.dim)]
-        offset = 0
-        for g in groups:
-            for n, pos in enumerate(g.out_pos.reshape(-1)):
-                sources[pos].append(offset + n)
-            offset += g.out_pos.size
-        depth = max((len(s) for s in sources), default=0)
-        placement = np.full((depth, desc.irreps_out.dim), offset, dtype=np.int64)
-        for pos, src in enumerate(sources):
-            placement[: len(src), pos] = src
-        return cls(desc, groups, placement)
+    return _Group(
+        paths[0].mode, paths[0].has_weight, tuple(desc.in1[s] for s in used1),
+        tuple(desc.in2[s] for s in used2), cg, tuple(paths),
+    )
 
 
 @functools.lru_cache(maxsize=256)
-def plan(desc: TensorProductDescriptor) -> XlaPlan:
-    return XlaPlan.build(desc)
+def plan(desc: TensorProductDescriptor) -> tuple[_Group, ...]:
+    """The descriptor's paths grouped by shape of computation (see module docstring)."""
+    by_key: dict[tuple, list[Path]] = {}
+    for p in desc.active_paths:
+        key = (p.mode, p.has_weight, p.i_in1, p.mul_in2, p.mul_out, p.ir_out.dim)
+        by_key.setdefault(key, []).append(p)
+    return tuple(_make_group(desc, paths) for paths in by_key.values())
+
+
+def _block(a, s: Segment):
+    """The ``(..., mul, ir_dim)`` view of block `s` of the flat array `a` (slices, no gather)."""
+    flat = a[..., s.offset : s.offset + s.size]
+    if s.layout == "mul_ir":
+        return flat.reshape(*a.shape[:-1], s.mul, s.ir_dim)
+    return jnp.swapaxes(flat.reshape(*a.shape[:-1], s.ir_dim, s.mul), -1, -2)
+
+
+def _unblock(b, s: Segment):
+    """Inverse of :func:`_block`: ``(..., mul, ir_dim)`` to the flat layout of `s`."""
+    if s.layout == "ir_mul":
+        b = jnp.swapaxes(b, -1, -2)
+    return b.reshape(*b.shape[:-2], s.size)
 
 
 def _group_forward(g: _Group, x, y, w, dtype):
-    x1 = x[..., g.idx1]
-    x2 = y[..., g.idx2]
+    """``(..., mul_out, P, k)``: the outputs of the group's paths."""
+    x1 = jnp.concatenate([_block(x, s) for s in g.in1], axis=-1)
+    x2 = jnp.concatenate([_block(y, s) for s in g.in2], axis=-1)
     s1, st, sw, so = _SPECS[g.mode]
     t = jnp.einsum(f"...{st[0]}j,ij{st[2:]}->...{st}", x2, jnp.asarray(g.cg, dtype), precision=_HIGHEST)
     if g.has_weight:
-        wg = w[..., g.widx]
+        wg = jnp.stack(
+            [w[..., p.weight_offset : p.weight_offset + p.weight_numel].reshape(*w.shape[:-1], *p.weight_shape) for p in g.paths],
+            axis=-1,
+        )
         wsub = ("..." if w.ndim > 1 else "") + sw
         z = jnp.einsum(f"...{s1},...{st},{wsub}->...{so}", x1, t, wg, precision=_HIGHEST)
     else:
         # Unweighted: the weight index is summed (uvu, uvv) or absent; uuw gives mul_out 1.
         so = so.replace("w", "") if g.mode == "uuw" else so
         z = jnp.einsum(f"...{s1},...{st}->...{so}", x1, t, precision=_HIGHEST)
-    return z.reshape(*z.shape[: z.ndim - len(so)], -1)
+        if g.mode == "uuw":
+            z = z[..., None, :, :]
+    if g.mode == "uvuv":
+        z = z.reshape(*z.shape[:-4], -1, *z.shape[-2:])
+    return z
 
 
 def forward(desc: TensorProductDescriptor, x, y, w):
     """``z = tp(x, y, w)`` for arrays with any (broadcastable) leading dims; ``w`` may be 1-D."""
-    p = plan(desc)
     dtype = x.dtype
     batch = jnp.broadcast_shapes(x.shape[:-1], y.shape[:-1], w.shape[:-1])
-    if not p.groups:
-        return jnp.zeros((*batch, desc.irreps_out.dim), dtype)
-    flat = [_group_forward(g, x, y, w, dtype) for g in p.groups]
-    flat = [jnp.broadcast_to(z, (*batch, z.shape[-1])) for z in flat]
-    flat.append(jnp.zeros((*batch, 1), dtype))
-    cat = jnp.concatenate(flat, axis=-1)
-    out = cat[..., p.placement[0]]
-    for row in p.placement[1:]:
-        out = out + cat[..., row]
-    return out
+    blocks: list[list] = [[] for _ in desc.out]
+    for g in plan(desc):
+        z = _group_forward(g, x, y, w, dtype)
+        for n, p in enumerate(g.paths):
+            blocks[p.i_out].append(z[..., n, :])
+    out = [
+        jnp.broadcast_to(_unblock(sum(b[1:], b[0]), s), (*batch, s.size)) if b else jnp.zeros((*batch, s.size), dtype)
+        for b, s in zip(blocks, desc.out)
+    ]
+    return jnp.concatenate(out, axis=-1) if out else jnp.zeros((*batch, 0), dtype)
 
 
 def backward(desc: TensorProductDescriptor, x, y, w, gz):

@@ -1,0 +1,545 @@
+"""jequi against its peers on one GPU: batched tensor products and a fused convolution.
+
+On the GPU machine, from the project root::
+
+    source .peers/setup_peers.sh && python3 benchmarks/gpu_benchmark.py
+    source .peers/setup_peers.sh && python3 benchmarks/gpu_benchmark.py --conv
+    python3 benchmarks/gpu_benchmark.py --quick --problems nequip-lips --dtypes float32   # CPU smoke test
+
+Every available jequi backend, e3nn-jax (``legacy.FunctionalTensorProduct`` under
+``jax.vmap``), cuEquivariance-JAX (``segmented_polynomial``) and OpenEquivariance's JAX
+extension run in this one process on the same random inputs, under ``jax.jit``. A peer that
+cannot be imported or fails is reported as n/a with the reason. Passes:
+
+* ``fwd``: ``tp(x, y, w)``;
+* ``bwd``: ``jax.grad`` of ``vdot(tp(x, y, w), g)`` w.r.t. (x, y, w);
+* ``dbl``: ``jax.grad`` w.r.t. (x, y, w) of ``sum(gx**2) + sum(gy**2)``, (gx, gy, gw) that
+  backward (batch ``--dbl-batch``).
+
+Each cell: compile, a warm-up call, then the median of ``--repeat`` (5) repetitions of
+``--calls`` (10) calls, ended by ``block_until_ready`` (fewer calls when one call is slow).
+
+HBM bound: bytes that must move at least once divided by the device-to-device bandwidth this
+script measures (``a + 1`` on a ~2 GB float32 array, read + write). Per row, in elements:
+fwd reads x, y, w, writes z; bwd reads x, y, w, g, writes gx, gy, gw; dbl (fully fused, gx
+and gy kept on chip) also reads x, y, w, g and writes dx, dy, dw, the same bytes as bwd. The
+JSON also holds ``dbl_staged``: gx and gy written by a backward kernel and read back by a
+second one (+2 x (in1 + in2)). Conv: fwd reads x once, y, w per edge, both index arrays,
+writes out per node; fwd+bwd adds a backward that reads x, y, w, g, indices and writes gx,
+gy, gw. ``fraction`` = bound / measured.
+
+The full default run takes longer than one 10-minute device command: split it with
+``--problems``/``--dtypes``/``--impls``; results are rewritten after every problem, so a run
+cut short still leaves its finished rows. Outputs ``<date>-<device>-tp.{json,md,png}`` (``-conv`` with ``--conv``) into ``--out``
+(default benchmarks/results) and, when $OUT is set, into $OUT as well.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.metadata
+import json
+import math
+import os
+import pathlib
+import platform
+import re
+import shutil
+import statistics
+import time
+import traceback
+
+import jax
+
+jax.config.update("jax_enable_x64", True)  # for the float64 cells; every array below has an explicit dtype
+
+import e3nn_jax as e3nn  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from e3nn_jax.legacy import FunctionalTensorProduct  # noqa: E402
+
+import jequi  # noqa: E402
+
+TP_PROBLEMS = "mace-large,mace-medium,nequip-lips,nequip-benzene,nequip-oam-main,diffdock-l1,diffdock-l2,tetris-poly-1,tetris-poly-2"
+PEERS = ("e3nn", "cuex", "oeq", "oeq-det")
+CHECK_ROWS = 64
+SLOW_CELL_S = 10.0  # fewer calls per repetition when a cell would take longer than this
+
+_PEER_MODULES: dict[str, object] = {}
+
+
+def peer(name):
+    """The peer's modules, imported once; raises with the reason when it is missing."""
+    if name not in _PEER_MODULES:
+        try:
+            if name == "cuex":
+                import cuequivariance as cue
+                import cuequivariance_jax as cuex
+
+                _PEER_MODULES[name] = (cue, cuex)
+            else:
+                os.environ.setdefault("OEQ_NOTORCH", "1")
+                import openequivariance.jax as oeqj
+                from openequivariance.benchmark.problems import ChannelwiseTPP, FullyConnectedTPProblem
+
+                _PEER_MODULES[name] = (oeqj, ChannelwiseTPP, FullyConnectedTPProblem)
+        except Exception as exc:  # noqa: BLE001
+            _PEER_MODULES[name] = exc
+    mods = _PEER_MODULES[name]
+    if isinstance(mods, Exception):
+        raise RuntimeError(f"not importable: {type(mods).__name__}: {mods}")
+    return mods
+
+
+# --- implementations: name -> list of (note, fn) candidates, tried in order --------------------
+def e3nn_fn(tp, conv_nodes=None):
+    f = FunctionalTensorProduct(tp.irreps_in1, tp.irreps_in2, tp.irreps_out, list(tp.instructions))
+    one = lambda w, x, y: f.left_right(w, e3nn.IrrepsArray(tp.irreps_in1, x), e3nn.IrrepsArray(tp.irreps_in2, y)).array  # noqa: E731
+    if conv_nodes is None:
+        return lambda x, y, w: jax.vmap(one)(w, x, y)
+    return lambda x, y, w, s, r: jax.ops.segment_sum(
+        jax.vmap(one)(w, x[s], y), r, num_segments=conv_nodes, indices_are_sorted=True
+    )
+
+
+def cuex_candidates(tp, spec, conv_nodes=None):
+    cue, cuex = peer("cuex")
+    kind, in1, in2, out = spec
+    _, _, dout = tp.descriptor.dims
+    irreps1 = cue.Irreps("O3", in1)
+    build = cue.descriptors.channelwise_tensor_product if kind == "uvu" else cue.descriptors.fully_connected_tensor_product
+    poly = build(irreps1, cue.Irreps("O3", in2), cue.Irreps("O3", out)).polynomial
+    sizes = [op.size for op in poly.inputs] + [poly.outputs[0].size]
+    want = [tp.weight_numel, *tp.descriptor.dims]
+    print(f"    cuex check: operand sizes (w, x, y, z) {sizes}, jequi {want}", flush=True)
+    if sizes != want:
+        raise ValueError(f"cuex operand sizes {sizes} differ from jequi's {want}")
+    gpu = jax.default_backend() in ("gpu", "cuda", "rocm")
+    cands = []
+    if gpu:
+        cands.append(("uniform_1d", poly))
+        muls = {mul for mul, _ in irreps1}
+        if kind == "uvu" and len(muls) > 1:
+            # uniform_1d needs one channel extent: cut in1 into gcd-sized blocks (same sizes, more paths).
+            g = math.gcd(*muls)
+            chunked = cue.Irreps("O3", "+".join("+".join([f"{g}x{ir}"] * (mul // g)) for mul, ir in irreps1))
+            chunked_poly = build(chunked, cue.Irreps("O3", in2), cue.Irreps("O3", out)).polynomial
+            cands.append((f"uniform_1d, in1 in {g}-channel blocks", chunked_poly))
+    cands.append(("naive" if gpu else "naive (no GPU)", poly))
+
+    def make(method, p):
+        if conv_nodes is None:
+            return lambda x, y, w: cuex.segmented_polynomial(
+                p, [w, x, y], [jax.ShapeDtypeStruct((x.shape[0], dout), x.dtype)], method=method
+            )[0]
+        return lambda x, y, w, s, r: cuex.segmented_polynomial(
+            p, [w, x, y], [jax.ShapeDtypeStruct((conv_nodes, dout), x.dtype)],
+            indices=[None, s, None, r], method=method,
+        )[0]
+
+    return [(note, make(note.split(",")[0].split(" ")[0], p)) for note, p in cands]
+
+
+def oeq_problem(tp, spec, dtype):
+    oeqj, ChannelwiseTPP, FullyConnectedTPProblem = peer("oeq")
+    kind, in1, in2, out = spec
+    np_dtype = np.float64 if dtype == "float64" else np.float32
+    if kind == "uvu":
+        problem = ChannelwiseTPP(in1, in2, out, irrep_dtype=np_dtype, weight_dtype=np_dtype)
+    else:  # shared_weights defaults to True in TPProblem
+        problem = FullyConnectedTPProblem(
+            in1, in2, out, shared_weights=False, internal_weights=False, irrep_dtype=np_dtype, weight_dtype=np_dtype
+        )
+    return oeqj, problem
+
+
+def oeq_check(op, tp):
+    got, want = (op.weight_numel, op.L3_dim), (tp.weight_numel, tp.descriptor.dims[2])
+    print(f"    oeq check: (weight_numel, out dim) {got}, jequi {want}", flush=True)
+    if got != want:
+        raise ValueError(f"OEQ (weight_numel, out dim) {got} differ from jequi's {want}")
+
+
+def tp_impls(tp, spec, dtype):
+    impls = {f"jequi-{b}": lambda b=b: [("", lambda x, y, w: tp(x, y, w, backend=b))] for b in jequi.available_backends()}
+    impls["e3nn"] = lambda: [("vmap(FunctionalTensorProduct)", e3nn_fn(tp))]
+    impls["cuex"] = lambda: cuex_candidates(tp, spec)
+
+    def oeq():
+        oeqj, problem = oeq_problem(tp, spec, dtype)
+        op = oeqj.TensorProduct(problem)
+        oeq_check(op, tp)
+        return [("TensorProduct", lambda x, y, w: op(x, y, w))]
+
+    impls["oeq"] = oeq
+    return impls
+
+
+def conv_impls(tp, spec, dtype, num_nodes, sender_perm):
+    impls = {
+        f"jequi-{b}": lambda b=b: [("", lambda x, y, w, s, r: tp.conv(x, y, w, s, r, num_nodes, backend=b))]
+        for b in jequi.available_backends()
+    }
+    impls["e3nn"] = lambda: [("gather, vmap(tp), segment_sum(sorted)", e3nn_fn(tp, num_nodes))]
+    impls["cuex"] = lambda: cuex_candidates(tp, spec, num_nodes)
+
+    def oeq(deterministic):
+        oeqj, problem = oeq_problem(tp, spec, dtype)
+        op = oeqj.TensorProductConv(problem, deterministic=deterministic)
+        oeq_check(op, tp)
+        if deterministic:  # rows = receivers (output), cols = senders (gathered)
+            return [("deterministic", lambda x, y, w, s, r: op(x, y, w, r, s, sender_perm))]
+        return [("atomic", lambda x, y, w, s, r: op(x, y, w, r, s))]
+
+    impls["oeq"] = lambda: oeq(False)
+    impls["oeq-det"] = lambda: oeq(True)
+    return impls
+
+
+# --- timing ------------------------------------------------------------------------------------
+def measure(fn, args, repeat, calls, keep_rows=0):
+    """Compile, warm up, time. Returns (stats, first rows of the warm-up output or None)."""
+    t0 = time.perf_counter()
+    compiled = jax.jit(fn).lower(*args).compile()
+    out = jax.block_until_ready(compiled(*args))
+    stats = {"compile_s": time.perf_counter() - t0}
+    try:
+        m = compiled.memory_analysis()
+        stats["temp_bytes"] = int(m.temp_size_in_bytes)
+        stats["output_bytes"] = int(m.output_size_in_bytes)
+    except Exception:  # noqa: BLE001 - not every platform reports it
+        pass
+    try:  # process-wide and never reset: only its growth across cells says anything
+        stats["process_peak_bytes"] = int(jax.devices()[0].memory_stats()["peak_bytes_in_use"])
+    except Exception:  # noqa: BLE001 - CPU gives no memory_stats
+        pass
+    kept = np.asarray(out[:keep_rows]) if keep_rows else None
+    del out
+    t0 = time.perf_counter()
+    jax.block_until_ready(compiled(*args))
+    once = time.perf_counter() - t0
+    calls = max(1, min(calls, int(SLOW_CELL_S / max(once * repeat, 1e-9))))
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            out = compiled(*args)
+        jax.block_until_ready(out)
+        times.append((time.perf_counter() - t0) / calls)
+        del out
+    stats.update(ms=1e3 * statistics.median(times), calls=calls, repeat=repeat)
+    return stats, kept
+
+
+def run_impl(build, passes, args_of, repeat, calls, keep=None):
+    """Time every pass of one implementation; candidates that fail to compile are skipped."""
+    try:
+        cands = build()
+    except Exception as exc:  # noqa: BLE001
+        reason = f"n/a: {describe(exc)}"
+        print(f"    {reason}", flush=True)
+        return {p: {"error": reason} for p in passes}, None
+    cells, kept = {}, None
+    for pname, make_pass in passes.items():
+        errors = []
+        for note, f in cands:
+            try:
+                stats, rows = measure(make_pass(f), args_of[pname], repeat, calls, keep_rows=CHECK_ROWS if pname == keep else 0)
+            except Exception as exc:  # noqa: BLE001 - OOM, unsupported method, ...
+                errors.append(f"[{note or 'default'}] {describe(exc)}")
+                continue
+            cells[pname] = {**stats, "note": note, **({"skipped": errors} if errors else {})}
+            kept = rows if rows is not None else kept
+            break
+        else:
+            cells[pname] = {"error": "; ".join(errors)}
+        c = cells[pname]
+        said = f"{c['ms']:.3f} ms (compile {c['compile_s']:.1f} s) {c['note']}" if "ms" in c else c["error"][:200]
+        print(f"    {pname}: {said}", flush=True)
+    return cells, kept
+
+
+def describe(exc):
+    """One line: type, first line of the message, and where it was raised when it says nothing."""
+    text = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
+    if not text and exc.__traceback__ is not None:
+        frame = traceback.extract_tb(exc.__traceback__)[-1]
+        text = f"raised at {frame.filename}:{frame.lineno}"
+    return f"{type(exc).__name__}: {text}"
+
+
+def tp_passes():
+    def bwd(f):
+        return jax.grad(lambda x, y, w, g: jnp.vdot(f(x, y, w), g), argnums=(0, 1, 2))
+
+    def dbl(f):
+        def loss(x, y, w, g):
+            gx, gy, _ = bwd(f)(x, y, w, g)
+            return jnp.sum(gx**2) + jnp.sum(gy**2)
+
+        return jax.grad(loss, argnums=(0, 1, 2))
+
+    return {"fwd": lambda f: f, "bwd": bwd, "dbl": dbl}
+
+
+def conv_passes():
+    def fwd_bwd(f):
+        return jax.value_and_grad(lambda x, y, w, s, r, g: jnp.vdot(f(x, y, w, s, r), g), argnums=(0, 1, 2))
+
+    return {"fwd": lambda f: (lambda x, y, w, s, r, g: f(x, y, w, s, r)), "fwd+bwd": fwd_bwd}
+
+
+def copy_bandwidth(nbytes, repeat, calls):
+    a = jnp.ones((nbytes // 4,), jnp.float32)
+    stats, _ = measure(lambda a: a + 1.0, (a,), repeat, calls)
+    return 2 * a.size * 4 / (stats["ms"] * 1e-3)
+
+
+def random_arrays(key, dtype, shapes):
+    keys = jax.random.split(key, len(shapes))
+    return [jax.random.normal(k, s, dtype) for k, s in zip(keys, shapes)]
+
+
+# --- reporting ---------------------------------------------------------------------------------
+def versions():
+    v = {"python": platform.python_version(), "jax": jax.__version__, "jequi": jequi.__version__, "e3nn_jax": e3nn.__version__}
+    dists = ("jaxlib", "cuequivariance", "cuequivariance_jax", "cuequivariance_ops_jax_cu13")
+    for dist in dists + ("openequivariance", "openequivariance_extjax"):
+        try:
+            v[dist] = importlib.metadata.version(dist)
+        except Exception:  # noqa: BLE001
+            v[dist] = None
+    mods = _PEER_MODULES.get("oeq")
+    if v["openequivariance"] is None and mods is not None and not isinstance(mods, Exception):
+        import openequivariance  # the sdist on PYTHONPATH has no dist-info: read the version off its path
+
+        m = re.search(r"openequivariance-([0-9][0-9.]*[0-9])", openequivariance.__file__)
+        v["openequivariance"] = m.group(1) if m else "unknown"
+    return v
+
+
+def device_slug(kind):
+    m = re.search(r"\b([A-Z]{1,2}\d{2,4}[A-Z]?)\b", kind)
+    return m.group(1).lower() if m else re.sub(r"[^a-z0-9]+", "-", kind.lower()).strip("-") or "device"
+
+
+def best_jequi(impls, pname):
+    cands = [(c[pname]["ms"], n) for n, c in impls.items() if n.startswith("jequi-") and "ms" in c.get(pname, {})]
+    return min(cands) if cands else (None, None)
+
+
+def fmt_ms(cell):
+    return f"{cell['ms']:.3f}" if "ms" in cell else ("n/a" if cell.get("error", "").startswith("n/a") else "err")
+
+
+def markdown(result, passes):
+    meta, rows = result["meta"], result["rows"]
+    mode = "fused convolution" if meta["mode"] == "conv" else "batched tensor products"
+    out = [
+        f"# jequi vs peers, {mode}: {meta['device']} ({meta['date']})",
+        "",
+        f"Copy bandwidth {meta['copy_bandwidth_GBps']:.0f} GB/s; " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items() if v),
+        f"Median of {meta['repeat']} x {meta['calls']} jitted calls (fewer calls when slow). "
+        "%HBM = HBM bound / measured time (see the script's docstring for the bytes counted).",
+        "",
+        "| problem | dtype | sizes | impl | " + " | ".join(f"{p} ms" for p in passes) + " | "
+        + " | ".join(f"{p} %HBM" for p in passes) + " | compile s | temp MB |",
+        "|" + "---|" * (5 + 2 * len(passes) + 1),
+    ]
+    notes = []
+    for r in rows:
+        sizes = r["sizes"]
+        bound = " | ".join(f"{r['bound_ms'][p]:.3f}" for p in passes)
+        out.append(f"| {r['problem']} | {r['dtype']} | {sizes} | HBM bound | {bound} |" + " |" * (len(passes) + 2))
+        for name, cells in r["impls"].items():
+            c = [cells.get(p, {}) for p in passes]
+            frac = [f"{100 * r['bound_ms'][p] / x['ms']:.0f}%" if "ms" in x else "" for p, x in zip(passes, c)]
+            comp = "/".join(f"{x['compile_s']:.1f}" for x in c if "compile_s" in x)
+            temp = "/".join(f"{x['temp_bytes'] / 2**20:.0f}" for x in c if "temp_bytes" in x)
+            times = " | ".join(fmt_ms(x) for x in c)
+            out.append(f"| | | | {name} | {times} | " + " | ".join(frac) + f" | {comp} | {temp} |")
+            said = {}  # message -> passes, so that one reason for all passes is written once
+            for p, x in zip(passes, c):
+                for msg in [x.get("error") or x.get("note")] + x.get("skipped", []):
+                    if msg:
+                        said.setdefault(msg, []).append(p)
+            notes += [f"{r['problem']} {r['dtype']} {name} {'/'.join(ps)}: {msg}" for msg, ps in said.items()]
+        for k, v in r.get("checks", {}).items():
+            notes.append(f"{r['problem']} {r['dtype']} check {k}: {v}")
+    peers = [p for p in PEERS if any(p in r["impls"] for r in rows)]
+    out += ["", "Speedup of jequi's best backend over each peer (peer ms / jequi ms, > 1: jequi faster), "
+            + " / ".join(passes) + ":", ""]
+    out += ["| problem | dtype | jequi best | " + " | ".join(f"vs {p}" for p in peers) + " |", "|" + "---|" * (3 + len(peers))]
+    for r in rows:
+        best = {p: best_jequi(r["impls"], p) for p in passes}
+        cells = []
+        for peer_name in peers:
+            pc = r["impls"].get(peer_name, {})
+            cells.append(" / ".join(
+                f"{pc[p]['ms'] / best[p][0]:.2f}x" if best[p][0] and "ms" in pc.get(p, {}) else "n/a" for p in passes
+            ))
+        label = " / ".join(f"{best[p][1][6:]} {best[p][0]:.3f}" if best[p][0] else "n/a" for p in passes)
+        out.append(f"| {r['problem']} | {r['dtype']} | {label} | " + " | ".join(cells) + " |")
+    if notes:
+        out += ["", "Notes:", ""] + [f"- {n}" for n in notes]
+    return "\n".join(out) + "\n"
+
+
+def plot(result, passes, path):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception as exc:  # noqa: BLE001
+        print(f"no plot: matplotlib unavailable ({exc})")
+        return False
+    peers = [p for p in PEERS if any(p in r["impls"] for r in result["rows"])]
+    groups = []
+    for r in result["rows"]:
+        for p in passes:
+            ms, _ = best_jequi(r["impls"], p)
+            sp = {q: r["impls"][q][p]["ms"] / ms for q in peers if ms and "ms" in r["impls"].get(q, {}).get(p, {})}
+            if sp:
+                groups.append((f"{r['problem']}\n{r['dtype'][5:]} {p}", sp))
+    peers = [q for q in peers if any(q in sp for _, sp in groups)]
+    if not groups:
+        print("no plot: no peer was measured")
+        return False
+    fig, ax = plt.subplots(figsize=(min(40, max(6, 0.25 * len(groups) * (len(peers) + 1))), 4.5))
+    width = 0.8 / len(peers)
+    for i, q in enumerate(peers):
+        xs = [j + (i - (len(peers) - 1) / 2) * width for j, (_, sp) in enumerate(groups) if q in sp]
+        ax.bar(xs, [sp[q] for _, sp in groups if q in sp], width, label=f"vs {q}", color=f"C{PEERS.index(q)}")
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(groups)), [g for g, _ in groups], rotation=60, ha="right", fontsize=7)
+    ax.set_ylabel("speedup of jequi (peer ms / jequi ms)")
+    ax.set_title(f"jequi vs peers, {result['meta']['mode']}: {result['meta']['device']} ({result['meta']['date']})", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return True
+
+
+def write(result, passes, out_dir, stem, final):
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = [out_dir / f"{stem}.json", out_dir / f"{stem}.md"]
+    files[0].write_text(json.dumps(result, indent=1, default=str))
+    md = markdown(result, passes)
+    files[1].write_text(md)
+    if final and plot(result, passes, out_dir / f"{stem}.png"):
+        files.append(out_dir / f"{stem}.png")
+    env_out = os.environ.get("OUT")
+    if env_out and pathlib.Path(env_out).resolve() != out_dir.resolve():
+        pathlib.Path(env_out).mkdir(parents=True, exist_ok=True)
+        for f in files:
+            shutil.copy(f, env_out)
+    return md, files
+
+
+# --- main ------------------------------------------------------------------------------------
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--problems", help=f"comma list (default: {TP_PROBLEMS}; with --conv: mace-large)")
+    ap.add_argument("--dtypes", help="comma list (default float32,float64; with --conv: float32)")
+    ap.add_argument("--batch", type=int, default=None, help="rows for fwd/bwd (default 50000)")
+    ap.add_argument("--dbl-batch", type=int, default=None, help="rows for dbl (default 20000)")
+    ap.add_argument("--repeat", type=int, default=None, help="repetitions, median taken (default 5)")
+    ap.add_argument("--calls", type=int, default=None, help="calls per repetition (default 10)")
+    ap.add_argument("--impls", help="comma list of implementations to run (jequi-<backend>, e3nn, cuex, oeq, oeq-det)")
+    ap.add_argument("--conv", action="store_true", help="fused convolution on a random graph instead")
+    ap.add_argument("--nodes", type=int, default=None, help="--conv: nodes (default 4096)")
+    ap.add_argument("--edges", type=int, default=None, help="--conv: edges (default 131072)")
+    ap.add_argument("--bw-mb", type=int, default=None, help="array size for the bandwidth measurement (default 2048)")
+    ap.add_argument("--quick", action="store_true", help="small sizes, for a CPU smoke test")
+    ap.add_argument("--out", default=str(pathlib.Path(__file__).resolve().parent / "results"))
+    a = ap.parse_args()
+    q = a.quick
+    batch, dbl_batch = a.batch or (256 if q else 50_000), a.dbl_batch or (128 if q else 20_000)
+    repeat, calls = a.repeat or (3 if q else 5), a.calls or (2 if q else 10)
+    nodes, edges = a.nodes or (256 if q else 4096), a.edges or (2048 if q else 131_072)
+    problems = (a.problems or ("mace-large" if a.conv else TP_PROBLEMS)).split(",")
+    dtypes = (a.dtypes or ("float32" if a.conv else "float32,float64")).split(",")
+    wanted = set(a.impls.split(",")) if a.impls else None
+
+    dev = jax.devices()[0]
+    bw = copy_bandwidth((a.bw_mb or (64 if q else 2048)) << 20, repeat, calls)
+    date = datetime.date.today().isoformat()
+    meta = {
+        "date": date, "mode": "conv" if a.conv else "tp", "device": dev.device_kind, "platform": dev.platform,
+        "copy_bandwidth_GBps": bw / 1e9, "repeat": repeat, "calls": calls, "batch": batch, "dbl_batch": dbl_batch,
+        "argv": vars(a), "versions": versions(),
+    }
+    if a.conv:
+        meta.update(nodes=nodes, edges=edges)
+    print(f"{dev.device_kind} ({dev.platform}); copy bandwidth {bw / 1e9:.0f} GB/s; "
+          f"jequi backends {jequi.available_backends()}", flush=True)
+    stem = f"{date}-{device_slug(dev.device_kind)}-{meta['mode']}"
+    passes = conv_passes() if a.conv else tp_passes()
+    result = {"meta": meta, "rows": []}
+    key = jax.random.key(0)
+
+    if a.conv:  # one random graph, edges sorted by (receiver, sender)
+        rng = np.random.default_rng(0)
+        s, r = rng.integers(0, nodes, edges), rng.integers(0, nodes, edges)
+        order = np.lexsort((s, r))
+        s, r = s[order].astype(np.int32), r[order].astype(np.int32)
+        sender_perm = jnp.asarray(np.lexsort((r, s)).astype(np.int32))  # OEQ deterministic: nonzeros in column-major order
+        senders, receivers = jnp.asarray(s), jnp.asarray(r)
+
+    for name in problems:
+        spec = jequi.problems.CATALOGUE[name]
+        tp = jequi.problems.get(name)
+        d1, d2, do = tp.descriptor.dims
+        nw = tp.weight_numel
+        for dtype in dtypes:
+            item = jnp.dtype(dtype).itemsize
+            print(f"\n{name} {dtype}: dims {d1}, {d2}, {do}, weights {nw}", flush=True)
+            if a.conv:
+                x, y, w, g = random_arrays(key, dtype, [(nodes, d1), (edges, d2), (edges, nw), (nodes, do)])
+                args = (x, y, w, senders, receivers)
+                args_of = {"fwd": args + (g,), "fwd+bwd": args + (g,)}
+                fwd_bytes = item * (nodes * (d1 + do) + edges * (d2 + nw)) + 8 * edges
+                bwd_bytes = item * (nodes * (2 * d1 + do) + 2 * edges * (d2 + nw)) + 8 * edges
+                bound_bytes = {"fwd": fwd_bytes, "fwd+bwd": fwd_bytes + bwd_bytes}
+                impls = conv_impls(tp, spec, dtype, nodes, sender_perm)
+                sizes = f"{nodes} nodes, {edges} edges"
+            else:
+                x, y, w, g = random_arrays(key, dtype, [(batch, d1), (batch, d2), (batch, nw), (batch, do)])
+                n = dbl_batch
+                args_of = {"fwd": (x, y, w), "bwd": (x, y, w, g), "dbl": (x[:n], y[:n], w[:n], g[:n])}
+                per_row = {"fwd": d1 + d2 + nw + do, "bwd": 2 * (d1 + d2 + nw) + do}
+                per_row["dbl"], per_row["dbl_staged"] = per_row["bwd"], per_row["bwd"] + 2 * (d1 + d2)
+                bound_bytes = {p: item * (n if p.startswith("dbl") else batch) * v for p, v in per_row.items()}
+                impls = tp_impls(tp, spec, dtype)
+                sizes = f"B={batch} (dbl {n}); {d1}, {d2}, {do}, w {nw}"
+            row = {
+                "problem": name, "dtype": dtype, "kind": spec[0], "dims": [d1, d2, do], "weight_numel": nw,
+                "sizes": sizes, "bound_bytes": bound_bytes, "bound_ms": {p: 1e3 * b / bw for p, b in bound_bytes.items()},
+                "impls": {}, "checks": {},
+            }
+            kept = {}
+            for impl_name, build in impls.items():
+                if wanted and impl_name not in wanted:
+                    continue
+                print(f"  {impl_name}", flush=True)
+                row["impls"][impl_name], kept[impl_name] = run_impl(build, passes, args_of, repeat, calls, keep="fwd")
+            ref = kept.get("e3nn")
+            for impl_name, z in kept.items():
+                if impl_name.startswith("jequi-") and z is not None and ref is not None:
+                    err = float(np.max(np.abs(z - ref)) / max(np.max(np.abs(ref)), 1e-30))
+                    row["checks"][f"{impl_name} vs e3nn fwd, first {CHECK_ROWS} rows, max|diff|/max|z|"] = f"{err:.1e}"
+            result["rows"].append(row)
+            del x, y, w, g, args_of, kept
+            write(result, list(passes), pathlib.Path(a.out), stem, final=False)  # partial results survive a timeout
+
+    md, files = write(result, list(passes), pathlib.Path(a.out), stem, final=True)
+    print("\nwrote " + ", ".join(str(f) for f in files) + "\n")
+    print(md)
+
+
+if __name__ == "__main__":
+    main()

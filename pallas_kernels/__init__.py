@@ -1,0 +1,6 @@
+"""Pallas GPU kernels of jequi (Triton lowering on GPU, interpret mode on CPU)."""
+
+from .lowering import on_gpu
+from .tensor_product import SUPPORTED_MODES, backward, forward, unsupported_modes
+
+__all__ = ["SUPPORTED_MODES", "backward", "forward", "on_gpu", "unsupported_modes"]
