@@ -193,6 +193,22 @@ def _backward_row(desc, rx, ry, rw, rg, store_gw):
     return gx, gy
 
 
+def _input_grads(mode, terms, t, x, h, rows, v, in1, in2, gx, gy):
+    """``gx[u, i] += sum_k h[k] T[i, k]`` and ``gy[., j] += sum_{i, k} c x(i) h[k]``, where
+    ``h[k]`` is the output cotangent pulled back through the weights (a vector over ``u``);
+    for ``uv*`` modes ``y`` has no ``u`` index, so ``gy`` is reduced over ``u`` on chip."""
+    for (i, k), tv in t.items():
+        gx.add_vec(in1[rows, i], h[k] * tv)
+    by_j = {}
+    for i, j, k, c in terms:
+        by_j[j] = _add(by_j.get(j), c * x(i) * h[k])
+    for j, val in by_j.items():
+        if mode in ("uvu", "uvw"):
+            gy.add_scalar(in2[v, j], jnp.sum(val))
+        else:
+            gy.add_vec(in2[rows, j], val)
+
+
 def _backward_path(desc, p, rx, ry, rw, rg, gx, gy, store_gw):
     in1, in2 = desc.in1[p.i_in1].index(), desc.in2[p.i_in2].index()
     out = desc.out[p.i_out].index()
@@ -216,16 +232,7 @@ def _backward_path(desc, p, rx, ry, rw, rg, gx, gy, store_gw):
                 store_gw(widx, sum((g[k] * a[k] for k in a), start=jnp.zeros((cs,), rx.ref.dtype)))
                 wv = rw.load(widx)
                 h = {k: wv * g[k] for k in ks}
-                for (i, k), tv in t.items():
-                    gx.add_vec(in1[c0 : c0 + cs, i], h[k] * tv)
-                by_j = {}
-                for i, j, k, c in terms:
-                    by_j[j] = _add(by_j.get(j), c * x(i) * h[k])
-                for j, val in by_j.items():
-                    if p.mode == "uvu":
-                        gy.add_scalar(in2[v, j], jnp.sum(val))
-                    else:
-                        gy.add_vec(in2[c0 : c0 + cs, j], val)
+                _input_grads(p.mode, terms, t, x, h, slice(c0, c0 + cs), v, in1, in2, gx, gy)
         return
     for c0, cs in chunks(mo):
         w = np.arange(c0, c0 + cs)
@@ -245,16 +252,7 @@ def _backward_path(desc, p, rx, ry, rw, rg, gx, gy, store_gw):
                 store_gw(widx, sum((a[k][:, None] * g[k][None, :] for k in a), start=jnp.zeros((cu, cs), rx.ref.dtype)))
                 wt = rw.load(widx)
                 r = {k: jnp.sum(wt * g[k][None, :], axis=1) for k in ks}
-                for (i, k), tv in t.items():
-                    gx.add_vec(in1[u0 : u0 + cu, i], r[k] * tv)
-                by_j = {}
-                for i, j, k, c in terms:
-                    by_j[j] = _add(by_j.get(j), c * x(i) * r[k])
-                for j, val in by_j.items():
-                    if p.mode == "uvw":
-                        gy.add_scalar(in2[v, j], jnp.sum(val))
-                    else:
-                        gy.add_vec(in2[u0 : u0 + cu, j], val)
+                _input_grads(p.mode, terms, t, x, r, slice(u0, u0 + cu), v, in1, in2, gx, gy)
 
 
 # --- pallas_call wrappers -------------------------------------------------------------------
