@@ -43,6 +43,11 @@ def _is_zero(ct) -> bool:
     return ct is None or isinstance(ct, SymbolicZero)
 
 
+def _total(terms):
+    """Sum of a list of cotangents; None (a zero cotangent) for an empty list."""
+    return sum(terms[1:], terms[0]) if terms else None
+
+
 class TrilinearOp(NamedTuple):
     """The pair of differentiable functions built by :func:`trilinear_op`."""
 
@@ -95,8 +100,7 @@ def trilinear_op(forward: Callable, backward: Callable) -> TrilinearOp:
             gx3, gy3, _ = backward_op(x, y, ggw, gz, *aux)
             dx.append(gx3)
             dy.append(gy3)
-        total = lambda terms: sum(terms[1:], terms[0]) if terms else None  # noqa: E731
-        return (total(dx), total(dy), total(dw), total(dgz), *(None for _ in aux))
+        return (_total(dx), _total(dy), _total(dw), _total(dgz), *(None for _ in aux))
 
     backward_op.defvjp(backward_fwd, backward_bwd, symbolic_zeros=True)
     return TrilinearOp(apply, backward_op)

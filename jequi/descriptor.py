@@ -114,11 +114,6 @@ class Path:
         return math.prod(self.weight_shape) if self.has_weight else 0
 
     @property
-    def num_elements(self) -> int:
-        """e3nn's fan-in of one output component, used by ``path_normalization``."""
-        return _fan_in(self.mode, self.mul_in1, self.mul_in2)
-
-    @property
     def is_empty(self) -> bool:
         """True when the path touches no data (a zero multiplicity)."""
         return 0 in (self.mul_in1, self.mul_in2, self.mul_out)
@@ -209,6 +204,7 @@ def _check_instruction(n: int, ins, irreps_in1: Irreps, irreps_in2: Irreps, irre
 
 
 def _fan_in(mode: str, m1: int, m2: int) -> int:
+    """e3nn's ``num_elements``: fan-in of one output component, for ``path_normalization``."""
     return {"uvw": m1 * m2, "uvu": m2, "uvv": m1, "uuw": m1, "uuu": 1, "uvuv": 1}[mode]
 
 

@@ -49,15 +49,27 @@ def _iota(idx: np.ndarray):
     idx = np.asarray(idx)
     if idx.ndim == 0:
         return int(idx)
-    strides = [int(np.take(idx, 1, axis=a).flat[0] - idx.flat[0]) if idx.shape[a] > 1 else 0 for a in range(idx.ndim)]
-    out = int(idx.flat[0])
-    for a, (n, stride) in enumerate(zip(idx.shape, strides)):
-        shape = [1] * idx.ndim
-        shape[a] = n
+    out, check = int(idx.flat[0]), idx.flat[0]
+    for a, n in enumerate(idx.shape):
+        stride = int(np.take(idx, 1, axis=a).flat[0] - idx.flat[0]) if n > 1 else 0
+        shape = [n if b == a else 1 for b in range(idx.ndim)]
         out = out + (jnp.arange(n, dtype=jnp.int32) * stride).reshape(shape)
-    expected = idx.flat[0] + sum(np.arange(n).reshape([n if b == a else 1 for b in range(idx.ndim)]) * st for a, (n, st) in enumerate(zip(idx.shape, strides)))
-    assert np.array_equal(np.broadcast_to(expected, idx.shape), idx), "index array is not affine"
+        check = check + (np.arange(n) * stride).reshape(shape)
+    assert np.array_equal(np.broadcast_to(check, idx.shape), idx), "index array is not affine"
     return jnp.broadcast_to(out, idx.shape)
+
+
+def _key(idx: np.ndarray):
+    return idx.shape, idx.tobytes()
+
+
+def _storer(ref, base):
+    """``store(idx, value)``: write `value` at static positions `idx` after `base` in `ref`."""
+
+    def store(idx, value):
+        ref[base + _iota(idx)] = value
+
+    return store
 
 
 class _Row:
@@ -68,11 +80,9 @@ class _Row:
 
     def load(self, idx):
         idx = np.asarray(idx)
-        key = (idx.shape, idx.tobytes())
-        if key not in self.cache:
-            pos = self.base + _iota(idx)
-            self.cache[key] = self.ref[pos]
-        return self.cache[key]
+        if _key(idx) not in self.cache:
+            self.cache[_key(idx)] = self.ref[self.base + _iota(idx)]
+        return self.cache[_key(idx)]
 
 
 def _add(a, b):
@@ -156,29 +166,24 @@ class _Grads:
     """Per-row gradient accumulators, stored once at the end of the row."""
 
     def __init__(self):
-        self.vec = {}  # key: index array bytes -> (index array, vector)
+        self.vec = {}  # _key(index array) -> vector
         self.scalar = {}  # flat position -> scalar
 
     def add_vec(self, idx, value):
-        key = (idx.shape, idx.tobytes())
-        old = self.vec.get(key)
-        self.vec[key] = (idx, value if old is None else old[1] + value)
+        self.vec[_key(idx)] = _add(self.vec.get(_key(idx)), value)
 
     def add_scalar(self, pos, value):
         self.scalar[int(pos)] = _add(self.scalar.get(int(pos)), value)
 
     def store(self, segments, store, dtype):
         """Store every element of the row (zeros where nothing accumulated)."""
-        covered = {}
-        for idx, value in self.vec.values():
-            covered[(idx.shape, idx.tobytes())] = value
         for seg in segments:
             index = seg.index()
             for c0, cs in chunks(seg.mul):
+                lanes = jnp.arange(cs)
                 for m in range(seg.ir_dim):
                     idx = index[c0 : c0 + cs, m]
-                    value = covered.get((idx.shape, idx.tobytes()))
-                    lanes = jnp.arange(cs)
+                    value = self.vec.get(_key(idx))
                     for n, pos in enumerate(idx):
                         s = self.scalar.get(int(pos))
                         if s is not None:
@@ -286,8 +291,8 @@ def forward(desc, x, y, w):
 
     def kernel(x_ref, y_ref, w_ref, z_ref):
         def row(b):
-            store = lambda idx, v: z_ref.__setitem__(b * do + _iota(idx), v)  # noqa: E731
-            _forward_row(desc, _Row(x_ref, b * d1), _Row(y_ref, b * d2), _Row(w_ref, 0 if shared else b * nw), store)
+            rw = _Row(w_ref, 0 if shared else b * nw)
+            _forward_row(desc, _Row(x_ref, b * d1), _Row(y_ref, b * d2), rw, _storer(z_ref, b * do))
 
         _rows_loop(n, rpp, row)
 
@@ -310,19 +315,16 @@ def backward(desc, x, y, w, gz):
 
     def kernel(x_ref, y_ref, w_ref, g_ref, gx_ref, gy_ref, gw_ref):
         def row(b):
-            def store(ref, base):
-                return lambda idx, v: ref.__setitem__(base + _iota(idx), v)
-
             wbase = 0 if shared else b * nw
             gx, gy = _backward_row(
                 desc, _Row(x_ref, b * d1), _Row(y_ref, b * d2), _Row(w_ref, wbase), _Row(g_ref, b * do),
-                store(gw_ref, b * nw),
+                _storer(gw_ref, b * nw),
             )
-            gx.store(desc.in1, store(gx_ref, b * d1), dtype)
-            gy.store(desc.in2, store(gy_ref, b * d2), dtype)
+            gx.store(desc.in1, _storer(gx_ref, b * d1), dtype)
+            gy.store(desc.in2, _storer(gy_ref, b * d2), dtype)
             for p in inactive:  # their weights touch no data: zero gradient
                 for c0, cs in chunks(p.weight_numel):
-                    store(gw_ref, b * nw)(p.weight_offset + np.arange(c0, c0 + cs), jnp.zeros((cs,), dtype))
+                    _storer(gw_ref, b * nw)(p.weight_offset + np.arange(c0, c0 + cs), jnp.zeros((cs,), dtype))
 
         _rows_loop(n, rpp, row)
 

@@ -4,12 +4,15 @@ The paths of a descriptor are grouped by ``(mode, has_weight, input-1 block, mul
 output irrep dimension)``. Within a group, every path has the same shape of computation, so
 the whole group is two ``einsum`` calls on stacked operands:
 
-* ``X1[..., u, I]`` and ``X2[..., v, J]``: the distinct input blocks the group reads,
-  sliced from the flat inputs and concatenated (slices and reshapes, never gathers: XLA
-  fuses them, while static gathers are slow on CPU);
-* ``C[I, J, p, k]``: the group's CG blocks (normalization folded in, zero elsewhere);
+* ``X1[..., u, i]``: the group's one block of ``x``; ``X2[..., v, J]``: the distinct blocks
+  of ``y`` it reads, concatenated (slices and reshapes, never gathers: XLA fuses them,
+  while static gathers are slow on CPU);
+* ``C[i, J, p, k]``: the group's CG blocks (normalization folded in, zero elsewhere);
 * ``T = X2 . C`` (small: no channel of ``x`` in it), then ``Z = X1 . T . W`` per mode;
-* ``W[..., u, v, (w), p]``: the group's weights gathered from the flat weight vector.
+* ``W[..., u, v, (w), p]``: the group's weights, sliced from the flat weight vector.
+
+Keying groups on the ``x`` block keeps ``C`` dense along ``i`` (stacking several ``x`` blocks
+would multiply the dominant ``X1 . T`` work by zeros).
 
 Each path's output block is added into its output segment and the segments concatenated
 (no scatter). A problem has a handful of groups (one per output ``l`` for channelwise
@@ -48,26 +51,21 @@ _SPECS = {
 class _Group:
     mode: str
     has_weight: bool
-    in1: tuple[Segment, ...]  # distinct blocks of x the group reads, stacked along I
+    in1: Segment  # the block of x every path of the group reads
     in2: tuple[Segment, ...]  # distinct blocks of y, stacked along J
-    cg: np.ndarray  # (D1, D2, P, k)
+    cg: np.ndarray  # (d1, D2, P, k)
     paths: tuple[Path, ...]
 
 
 def _make_group(desc: TensorProductDescriptor, paths: list[Path]) -> _Group:
-    used1 = sorted({p.i_in1 for p in paths})
     used2 = sorted({p.i_in2 for p in paths})
-    start1 = dict(zip(used1, np.cumsum([0] + [desc.in1[s].ir_dim for s in used1])))
-    start2 = dict(zip(used2, np.cumsum([0] + [desc.in2[s].ir_dim for s in used2])))
-    cg = np.zeros((start1[used1[-1]] + desc.in1[used1[-1]].ir_dim, start2[used2[-1]] + desc.in2[used2[-1]].ir_dim,
-                   len(paths), paths[0].ir_out.dim))
+    start2 = dict(zip(used2, np.cumsum([0] + [desc.in2[s].ir_dim for s in used2]).tolist()))
+    total2 = sum(desc.in2[s].ir_dim for s in used2)
+    p0 = paths[0]
+    cg = np.zeros((p0.ir_in1.dim, total2, len(paths), p0.ir_out.dim))
     for n, p in enumerate(paths):
-        a, b = start1[p.i_in1], start2[p.i_in2]
-        cg[a : a + p.ir_in1.dim, b : b + p.ir_in2.dim, n, :] = p.cg
-    return _Group(
-        paths[0].mode, paths[0].has_weight, tuple(desc.in1[s] for s in used1),
-        tuple(desc.in2[s] for s in used2), cg, tuple(paths),
-    )
+        cg[:, start2[p.i_in2] : start2[p.i_in2] + p.ir_in2.dim, n, :] = p.cg
+    return _Group(p0.mode, p0.has_weight, desc.in1[p0.i_in1], tuple(desc.in2[s] for s in used2), cg, tuple(paths))
 
 
 @functools.lru_cache(maxsize=256)
@@ -97,7 +95,7 @@ def _unblock(b, s: Segment):
 
 def _group_forward(g: _Group, x, y, w, dtype):
     """``(..., mul_out, P, k)``: the outputs of the group's paths."""
-    x1 = jnp.concatenate([_block(x, s) for s in g.in1], axis=-1)
+    x1 = _block(x, g.in1)
     x2 = jnp.concatenate([_block(y, s) for s in g.in2], axis=-1)
     s1, st, sw, so = _SPECS[g.mode]
     t = jnp.einsum(f"...{st[0]}j,ij{st[2:]}->...{st}", x2, jnp.asarray(g.cg, dtype), precision=_HIGHEST)
