@@ -167,13 +167,15 @@ class _Grads:
 
     def __init__(self):
         self.vec = {}  # _key(index array) -> vector
-        self.scalar = {}  # flat position -> scalar
+        self.scalar = {}  # (flat position, lanes) -> lane vector, summed at the end
 
     def add_vec(self, idx, value):
         self.vec[_key(idx)] = _add(self.vec.get(_key(idx)), value)
 
-    def add_scalar(self, pos, value):
-        self.scalar[int(pos)] = _add(self.scalar.get(int(pos)), value)
+    def add_lanes(self, pos, lanes):
+        """Add ``sum(lanes)`` at a flat position; the cross-lane sum is taken once, in store."""
+        key = (int(pos), lanes.shape[0])
+        self.scalar[key] = _add(self.scalar.get(key), lanes)
 
     def store(self, segments, store, dtype):
         """Store every element of the row (zeros where nothing accumulated)."""
@@ -185,9 +187,9 @@ class _Grads:
                     idx = index[c0 : c0 + cs, m]
                     value = self.vec.get(_key(idx))
                     for n, pos in enumerate(idx):
-                        s = self.scalar.get(int(pos))
-                        if s is not None:
-                            value = _add(value, jnp.where(lanes == n, s, 0).astype(dtype))
+                        parts = [jnp.sum(v) for (p, _), v in self.scalar.items() if p == int(pos)]
+                        if parts:
+                            value = _add(value, jnp.where(lanes == n, sum(parts[1:], parts[0]), 0).astype(dtype))
                     store(idx, value if value is not None else jnp.zeros((cs,), dtype))
 
 
@@ -209,7 +211,7 @@ def _input_grads(mode, terms, t, x, h, rows, v, in1, in2, gx, gy):
         by_j[j] = _add(by_j.get(j), c * x(i) * h[k])
     for j, val in by_j.items():
         if mode in ("uvu", "uvw"):
-            gy.add_scalar(in2[v, j], jnp.sum(val))
+            gy.add_lanes(in2[v, j], val)
         else:
             gy.add_vec(in2[rows, j], val)
 
@@ -280,6 +282,13 @@ def _rows_per_program(n: int) -> int:
     return 8 if n >= 8 * 1024 else 1
 
 
+def _num_warps(desc) -> int:
+    """One thread per lane of the widest channel chunk (4 warps for 128 channels, 1 for 32):
+    narrower problems then run more programs per SM instead of idling threads."""
+    widest = max((size for s in (*desc.in1, *desc.out) for _, size in chunks(s.mul)), default=32)
+    return max(1, min(4, widest // 32))
+
+
 @functools.partial(jax.jit, static_argnums=0)
 def forward(desc, x, y, w):
     """``z (N, out.dim)`` from ``x (N, in1.dim)``, ``y (N, in2.dim)``, ``w (N, nw)`` or ``(nw,)``."""
@@ -296,7 +305,9 @@ def forward(desc, x, y, w):
 
         _rows_loop(n, rpp, row)
 
-    z = pallas_call(kernel, jax.ShapeDtypeStruct((n * do,), x.dtype), (pl.cdiv(n, rpp),), name="jequi_tp_fwd")(
+    z = pallas_call(
+        kernel, jax.ShapeDtypeStruct((n * do,), x.dtype), (pl.cdiv(n, rpp),), _num_warps(desc), name="jequi_tp_fwd"
+    )(
         x.reshape(-1), y.reshape(-1), w.reshape(-1)
     )
     return z.reshape(n, do)
@@ -329,7 +340,7 @@ def backward(desc, x, y, w, gz):
         _rows_loop(n, rpp, row)
 
     shapes = [jax.ShapeDtypeStruct((n * d,), dtype) for d in (d1, d2, nw)]
-    gx, gy, gw = pallas_call(kernel, shapes, (pl.cdiv(n, rpp),), name="jequi_tp_bwd")(
+    gx, gy, gw = pallas_call(kernel, shapes, (pl.cdiv(n, rpp),), _num_warps(desc), name="jequi_tp_bwd")(
         x.reshape(-1), y.reshape(-1), w.reshape(-1), gz.reshape(-1)
     )
     gw = gw.reshape(n, nw)
