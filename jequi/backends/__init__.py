@@ -60,12 +60,14 @@ def resolve(name: str | None, desc) -> Backend:
 def default_backend(desc=None) -> str:
     """The fastest correct backend for `desc` on the default JAX platform.
 
-    Measured (benchmarks/results/2026-11-21-h200-tp.md): on GPU the Pallas kernels are 3-5x
-    faster than ``xla`` on channelwise products but slower on ``uvw`` backward passes, so
-    Pallas is the default for descriptors whose paths are all ``uvu``/``uuu``; on CPU always
-    ``xla`` (Pallas runs interpreted there).
+    Measured (benchmarks/results/2026-11-21-h200-tp.md): on GPU the Pallas kernels beat
+    ``xla`` on every problem measured (channelwise and ``uvw``), so they are the default for
+    every descriptor whose modes they run; on CPU always ``xla`` (Pallas runs interpreted).
     """
     if jax.default_backend() == "gpu" and desc is not None:
-        if {p.mode for p in desc.active_paths} <= {"uvu", "uuu"}:
+        try:
+            BACKENDS["pallas"].check(desc)
             return "pallas"
+        except ValueError:
+            pass
     return "xla"
