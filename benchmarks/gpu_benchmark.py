@@ -81,7 +81,10 @@ def peer(name):
             else:
                 os.environ.setdefault("OEQ_NOTORCH", "1")
                 import openequivariance.jax as oeqj
-                from openequivariance.benchmark.problems import ChannelwiseTPP, FullyConnectedTPProblem
+                from openequivariance.benchmark.problems import (
+                    ChannelwiseTPP,
+                    FullyConnectedTPProblem,
+                )
 
                 _PEER_MODULES[name] = (oeqj, ChannelwiseTPP, FullyConnectedTPProblem)
         except Exception as exc:  # noqa: BLE001
@@ -98,7 +101,7 @@ def e3nn_fn(tp, conv_nodes=None):
     one = lambda w, x, y: f.left_right(w, e3nn.IrrepsArray(tp.irreps_in1, x), e3nn.IrrepsArray(tp.irreps_in2, y)).array  # noqa: E731
     if conv_nodes is None:
         return lambda x, y, w: jax.vmap(one)(w, x, y)
-    return lambda x, y, w, s, r: jax.ops.segment_sum(
+    return lambda x, y, w, s, r, graph: jax.ops.segment_sum(
         jax.vmap(one)(w, x[s], y), r, num_segments=conv_nodes, indices_are_sorted=True
     )
 
@@ -133,7 +136,7 @@ def cuex_candidates(tp, spec, conv_nodes=None):
             return lambda x, y, w: cuex.segmented_polynomial(
                 p, [w, x, y], [jax.ShapeDtypeStruct((x.shape[0], dout), x.dtype)], method=method
             )[0]
-        return lambda x, y, w, s, r: cuex.segmented_polynomial(
+        return lambda x, y, w, s, r, graph: cuex.segmented_polynomial(
             p, [w, x, y], [jax.ShapeDtypeStruct((conv_nodes, dout), x.dtype)],
             indices=[None, s, None, r], method=method,
         )[0]
@@ -177,10 +180,16 @@ def tp_impls(tp, spec, dtype):
 
 
 def conv_impls(tp, spec, dtype, num_nodes, sender_perm):
+    """jequi runs on the prebuilt :class:`jequi.Graph` (built once per structure, reused by
+    every layer of a model); the peers on the receiver-sorted index arrays."""
     impls = {
-        f"jequi-{b}": lambda b=b: [("", lambda x, y, w, s, r: tp.conv(x, y, w, s, r, num_nodes, backend=b))]
+        f"jequi-{b}": lambda b=b: [("Graph", lambda x, y, w, s, r, graph: tp.conv(x, y, w, graph, backend=b))]
         for b in jequi.available_backends()
     }
+    if dtype == "float32" and "pallas" in jequi.available_backends():
+        impls["jequi-pallas-kahan"] = lambda: [
+            ("Graph, kahan", lambda x, y, w, s, r, graph: tp.conv(x, y, w, graph, backend="pallas", kahan=True))
+        ]
     impls["e3nn"] = lambda: [("gather, vmap(tp), segment_sum(sorted)", e3nn_fn(tp, num_nodes))]
     impls["cuex"] = lambda: cuex_candidates(tp, spec, num_nodes)
 
@@ -189,8 +198,8 @@ def conv_impls(tp, spec, dtype, num_nodes, sender_perm):
         op = oeqj.TensorProductConv(problem, deterministic=deterministic)
         oeq_check(op, tp)
         if deterministic:  # rows = receivers (output), cols = senders (gathered)
-            return [("deterministic", lambda x, y, w, s, r: op(x, y, w, r, s, sender_perm))]
-        return [("atomic", lambda x, y, w, s, r: op(x, y, w, r, s))]
+            return [("deterministic", lambda x, y, w, s, r, graph: op(x, y, w, r, s, sender_perm))]
+        return [("atomic", lambda x, y, w, s, r, graph: op(x, y, w, r, s))]
 
     impls["oeq"] = lambda: oeq(False)
     impls["oeq-det"] = lambda: oeq(True)
@@ -285,9 +294,50 @@ def tp_passes():
 
 def conv_passes():
     def fwd_bwd(f):
-        return jax.value_and_grad(lambda x, y, w, s, r, g: jnp.vdot(f(x, y, w, s, r), g), argnums=(0, 1, 2))
+        return jax.value_and_grad(lambda x, y, w, s, r, graph, g: jnp.vdot(f(x, y, w, s, r, graph), g), argnums=(0, 1, 2))
 
-    return {"fwd": lambda f: (lambda x, y, w, s, r, g: f(x, y, w, s, r)), "fwd+bwd": fwd_bwd}
+    return {"fwd": lambda f: (lambda x, y, w, s, r, graph, g: f(x, y, w, s, r, graph)), "fwd+bwd": fwd_bwd}
+
+
+def conv_graph(kind, nodes, edges):
+    """(senders, receivers, num_nodes, description): a real structure's radius graph or a
+    random graph; edges sorted by (receiver, sender), as the peers' fused calls want."""
+    if kind == "random":
+        rng = np.random.default_rng(0)
+        s, r, n, text = rng.integers(0, nodes, edges), rng.integers(0, nodes, edges), nodes, "random"
+    else:
+        import structures
+
+        build, cutoff = structures.STRUCTURES[kind]
+        atoms = build()
+        g = jequi.graph_from_atoms(atoms, cutoff)
+        s, r, n = np.asarray(g.senders), np.asarray(g.receivers), len(atoms)
+        text = f"{kind} {atoms.get_chemical_formula()}, {cutoff} A"
+    order = np.lexsort((s, r))
+    return s[order].astype(np.int32), r[order].astype(np.int32), n, text
+
+
+def conv_checks(impls, args, dtype):
+    """Bitwise determinism of jequi's Pallas conv (3 runs of fwd and fwd+bwd) and, in f32,
+    the error of the plain and Kahan sums against the same inputs in f64."""
+    checks = {}
+    if "jequi-pallas" not in impls:
+        return checks
+    x, y, w, s, r, graph, g = args
+    f = impls["jequi-pallas"]()[0][1]
+    for pname, make in conv_passes().items():
+        fn = jax.jit(make(f))
+        runs = [jax.tree.leaves(jax.block_until_ready(fn(*args))) for _ in range(3)]
+        same = all(all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(runs[0], run)) for run in runs[1:])
+        checks[f"jequi-pallas {pname} bitwise identical over 3 runs"] = str(same)
+    if dtype == "float32":
+        hi = [a.astype(jnp.float64) for a in (x, y, w)]
+        exact = np.asarray(jax.jit(lambda x, y, w: impls["jequi-xla"]()[0][1](x, y, w, s, r, graph))(*hi))
+        for name in ("jequi-pallas", "jequi-pallas-kahan"):
+            got = np.asarray(jax.jit(impls[name]()[0][1])(x, y, w, s, r, graph), np.float64)
+            err = np.abs(got - exact).max() / np.abs(exact).max()
+            checks[f"{name} fwd vs float64, max|diff|/max|out|"] = f"{err:.2e}"
+    return checks
 
 
 def copy_bandwidth(nbytes, repeat, calls):
@@ -450,9 +500,10 @@ def main():
     ap.add_argument("--repeat", type=int, default=None, help="repetitions, median taken (default 5)")
     ap.add_argument("--calls", type=int, default=None, help="calls per repetition (default 10)")
     ap.add_argument("--impls", help="comma list of implementations to run (jequi-<backend>, e3nn, cuex, oeq, oeq-det)")
-    ap.add_argument("--conv", action="store_true", help="fused convolution on a random graph instead")
-    ap.add_argument("--nodes", type=int, default=None, help="--conv: nodes (default 4096)")
-    ap.add_argument("--edges", type=int, default=None, help="--conv: edges (default 131072)")
+    ap.add_argument("--conv", action="store_true", help="fused convolution on real structures' graphs instead")
+    ap.add_argument("--graphs", default="carbon,water", help="--conv: comma list of carbon, water, random")
+    ap.add_argument("--nodes", type=int, default=None, help="--conv random graph: nodes (default 4096)")
+    ap.add_argument("--edges", type=int, default=None, help="--conv random graph: edges (default 131072)")
     ap.add_argument("--bw-mb", type=int, default=None, help="array size for the bandwidth measurement (default 2048)")
     ap.add_argument("--quick", action="store_true", help="small sizes, for a CPU smoke test")
     ap.add_argument("--out", default=str(pathlib.Path(__file__).resolve().parent / "results"))
@@ -461,8 +512,8 @@ def main():
     batch, dbl_batch = a.batch or (256 if q else 50_000), a.dbl_batch or (128 if q else 20_000)
     repeat, calls = a.repeat or (3 if q else 5), a.calls or (2 if q else 10)
     nodes, edges = a.nodes or (256 if q else 4096), a.edges or (2048 if q else 131_072)
-    problems = (a.problems or ("mace-large" if a.conv else TP_PROBLEMS)).split(",")
-    dtypes = (a.dtypes or ("float32" if a.conv else "float32,float64")).split(",")
+    problems = (a.problems or ("mace-large,nequip-benzene" if a.conv else TP_PROBLEMS)).split(",")
+    dtypes = (a.dtypes or "float32,float64").split(",")
     wanted = set(a.impls.split(",")) if a.impls else None
 
     dev = jax.devices()[0]
@@ -473,8 +524,6 @@ def main():
         "copy_bandwidth_GBps": bw / 1e9, "repeat": repeat, "calls": calls, "batch": batch, "dbl_batch": dbl_batch,
         "argv": vars(a), "versions": versions(),
     }
-    if a.conv:
-        meta.update(nodes=nodes, edges=edges)
     print(f"{dev.device_kind} ({dev.platform}); copy bandwidth {bw / 1e9:.0f} GB/s; "
           f"jequi backends {jequi.available_backends()}", flush=True)
     stem = f"{date}-{device_slug(dev.device_kind)}-{meta['mode']}"
@@ -482,15 +531,27 @@ def main():
     result = {"meta": meta, "rows": []}
     key = jax.random.key(0)
 
-    if a.conv:  # one random graph, edges sorted by (receiver, sender)
-        rng = np.random.default_rng(0)
-        s, r = rng.integers(0, nodes, edges), rng.integers(0, nodes, edges)
-        order = np.lexsort((s, r))
-        s, r = s[order].astype(np.int32), r[order].astype(np.int32)
-        sender_perm = jnp.asarray(np.lexsort((r, s)).astype(np.int32))  # OEQ deterministic: nonzeros in column-major order
-        senders, receivers = jnp.asarray(s), jnp.asarray(r)
-
-    for name in problems:
+    cases = [(g, name) for g in a.graphs.split(",") for name in problems] if a.conv else [(None, n) for n in problems]
+    graphs = {}
+    for graph_kind, name in cases:
+        if a.conv and graph_kind not in graphs:
+            s, r, n_nodes, text = conv_graph(graph_kind, nodes, edges)
+            sender_perm = jnp.asarray(np.lexsort((r, s)).astype(np.int32))  # OEQ deterministic: column-major nonzeros
+            senders, receivers = jnp.asarray(s), jnp.asarray(r)
+            build = jax.jit(jequi.Graph.build, static_argnums=2)  # on device, as inside a jitted model step
+            jax.block_until_ready(build(senders, receivers, n_nodes))
+            t0 = time.perf_counter()
+            jax.block_until_ready(build(senders, receivers, n_nodes))
+            graph_ms = 1e3 * (time.perf_counter() - t0)
+            graph = jequi.Graph.build(senders, receivers, n_nodes)  # eager: edges_sorted is known
+            graphs[graph_kind] = (senders, receivers, n_nodes, text, sender_perm, graph)
+            meta.setdefault("graphs", {})[graph_kind] = {
+                "description": text, "nodes": n_nodes, "edges": len(s), "jequi_graph_build_ms": graph_ms,
+            }
+            print(f"\ngraph {text}: {n_nodes} nodes, {len(s)} edges; jequi.Graph.build {graph_ms:.2f} ms", flush=True)
+        if a.conv:
+            senders, receivers, nodes, text, sender_perm, graph = graphs[graph_kind]
+            edges = senders.shape[0]
         spec = jequi.problems.CATALOGUE[name]
         tp = jequi.problems.get(name)
         d1, d2, do = tp.descriptor.dims
@@ -500,13 +561,13 @@ def main():
             print(f"\n{name} {dtype}: dims {d1}, {d2}, {do}, weights {nw}", flush=True)
             if a.conv:
                 x, y, w, g = random_arrays(key, dtype, [(nodes, d1), (edges, d2), (edges, nw), (nodes, do)])
-                args = (x, y, w, senders, receivers)
-                args_of = {"fwd": args + (g,), "fwd+bwd": args + (g,)}
+                args = (x, y, w, senders, receivers, graph, g)
+                args_of = {"fwd": args, "fwd+bwd": args}
                 fwd_bytes = item * (nodes * (d1 + do) + edges * (d2 + nw)) + 8 * edges
                 bwd_bytes = item * (nodes * (2 * d1 + do) + 2 * edges * (d2 + nw)) + 8 * edges
                 bound_bytes = {"fwd": fwd_bytes, "fwd+bwd": fwd_bytes + bwd_bytes}
                 impls = conv_impls(tp, spec, dtype, nodes, sender_perm)
-                sizes = f"{nodes} nodes, {edges} edges"
+                sizes = f"{text}: {nodes} nodes, {edges} edges"
             else:
                 x, y, w, g = random_arrays(key, dtype, [(batch, d1), (batch, d2), (batch, nw), (batch, do)])
                 n = dbl_batch
@@ -517,7 +578,7 @@ def main():
                 impls = tp_impls(tp, spec, dtype)
                 sizes = f"B={batch} (dbl {n}); {d1}, {d2}, {do}, w {nw}"
             row = {
-                "problem": name, "dtype": dtype, "kind": spec[0], "dims": [d1, d2, do], "weight_numel": nw,
+                "problem": f"{name} @ {graph_kind}" if a.conv else name, "dtype": dtype, "kind": spec[0], "dims": [d1, d2, do], "weight_numel": nw,
                 "sizes": sizes, "bound_bytes": bound_bytes, "bound_ms": {p: 1e3 * b / bw for p, b in bound_bytes.items()},
                 "impls": {}, "checks": {},
             }
@@ -532,8 +593,12 @@ def main():
                 if impl_name.startswith("jequi-") and z is not None and ref is not None:
                     err = float(np.max(np.abs(z - ref)) / max(np.max(np.abs(ref)), 1e-30))
                     row["checks"][f"{impl_name} vs e3nn fwd, first {CHECK_ROWS} rows, max|diff|/max|z|"] = f"{err:.1e}"
+            if a.conv:
+                row["checks"].update(conv_checks(impls, args, dtype))
+                print(f"  checks {row['checks']}", flush=True)
             result["rows"].append(row)
             del x, y, w, g, args_of, kept
+            args = None
             write(result, list(passes), pathlib.Path(a.out), stem, final=False)  # partial results survive a timeout
 
     md, files = write(result, list(passes), pathlib.Path(a.out), stem, final=True)

@@ -3,18 +3,22 @@
 >>> import jequi
 >>> tp = jequi.channelwise("32x0e+16x1o", "0e+1o+2e", "0e+1o+2e")
 >>> z = tp(x, y, w)                                   # e3nn-jax's numbers, any backend
->>> out = tp.conv(x, y, w, senders, receivers, num_nodes)
+>>> graph = jequi.Graph.build(senders, receivers, num_nodes)   # once per structure
+>>> out = tp.conv(x, y, w, graph)
 """
 
 from . import problems
+from .atoms import edge_vectors, graph_from_atoms
 from .backends import available_backends, default_backend
 from .descriptor import Path, Segment, SparsePlan, TensorProductDescriptor
+from .graph import Graph
 from .irreps import Irrep, Irreps
 from .tensor_product import TensorProduct, channelwise, fully_connected
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Graph",
     "Irrep",
     "Irreps",
     "Path",
@@ -25,6 +29,8 @@ __all__ = [
     "available_backends",
     "channelwise",
     "default_backend",
+    "edge_vectors",
     "fully_connected",
+    "graph_from_atoms",
     "problems",
 ]

@@ -1,27 +1,30 @@
-"""Validation and sanitizing of graph index arrays for ``TensorProduct.conv``.
+"""Graphs for ``TensorProduct.conv``: validation of index arrays and the precomputed
+:class:`Graph` that the convolution kernels walk.
 
 Out-of-range indices never write outside the output: an edge whose sender is not in
-``[0, x.shape[0])`` or whose receiver is not in ``[0, num_nodes)`` contributes nothing
+``[0, num_senders)`` or whose receiver is not in ``[0, num_nodes)`` contributes nothing
 (and receives zero gradient). Range checks cannot raise under ``jit`` (values are not
 known at trace time), so they are applied as this masking rule instead.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 
-def check_num_nodes(num_nodes) -> int:
+def check_num_nodes(num_nodes, name: str = "num_nodes") -> int:
     if not isinstance(num_nodes, numbers.Integral) or isinstance(num_nodes, bool) or num_nodes < 0:
-        raise ValueError(f"num_nodes must be a non-negative Python int (static), got {num_nodes!r}")
+        raise ValueError(f"{name} must be a non-negative Python int (static), got {num_nodes!r}")
     return int(num_nodes)
 
 
-def check_indices(senders, receivers, num_edges: int):
-    """Check dtypes and shapes of `senders` and `receivers` (1-D integer arrays of length E)."""
+def check_indices(senders, receivers, num_edges: int | None = None):
+    """Check dtypes and shapes of `senders` and `receivers` (1-D integer arrays of one length)."""
     for name, idx in (("senders", senders), ("receivers", receivers)):
         dtype = np.dtype(idx.dtype if hasattr(idx, "dtype") else np.asarray(idx).dtype)
         if not np.issubdtype(dtype, np.integer):
@@ -29,13 +32,118 @@ def check_indices(senders, receivers, num_edges: int):
         shape = np.shape(idx)
         if len(shape) != 1:
             raise ValueError(f"{name} must be 1-D (one entry per edge), got shape {shape}")
-        if shape[0] != num_edges:
+        if num_edges is not None and shape[0] != num_edges:
             raise ValueError(f"{name} has {shape[0]} entries but y/w have {num_edges} edges")
+    if np.shape(senders) != np.shape(receivers):
+        raise ValueError(f"senders {np.shape(senders)} and receivers {np.shape(receivers)} differ in length")
 
 
-def sanitize(senders, receivers, num_senders: int, num_nodes: int):
-    """Map edges with out-of-range indices to (sender 0, receiver ``num_nodes``) = dropped."""
-    senders = jnp.asarray(senders, jnp.int32)
-    receivers = jnp.asarray(receivers, jnp.int32)
-    valid = (senders >= 0) & (senders < num_senders) & (receivers >= 0) & (receivers < num_nodes)
-    return jnp.where(valid, senders, 0), jnp.where(valid, receivers, num_nodes)
+def _csr(keys, num_rows: int):
+    """Stable order of `keys` (values in ``[0, num_rows]``) and offsets of rows ``0..num_rows``."""
+    order = jnp.argsort(keys, stable=True).astype(jnp.int32)
+    counts = jnp.bincount(keys, length=num_rows + 1)
+    offsets = jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(counts).astype(jnp.int32)])
+    return order, offsets
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Graph:
+    """A graph prepared once and reused by every convolution of a model.
+
+    Build it with :meth:`Graph.build` (works under ``jit`` and ``vmap``) or
+    :func:`jequi.graph_from_atoms`. Fields (``E`` edges):
+
+    * ``senders``, ``receivers`` ``(E,)`` int32, in the caller's edge order; an edge with an
+      out-of-range index has been mapped to ``(0, num_nodes)`` (it contributes nothing);
+    * ``receiver_order`` ``(E,)``: edge ids sorted by receiver (stable), and
+      ``receiver_offsets`` ``(num_nodes + 1,)``: receiver ``r``'s edges are
+      ``receiver_order[receiver_offsets[r]:receiver_offsets[r + 1]]`` (dropped edges come
+      last, after ``receiver_offsets[-1]``);
+    * ``sender_order`` ``(E,)`` and ``sender_offsets`` ``(num_senders + 2,)``: the same by
+      sender (the transpose), with the dropped edges as a last bucket ``num_senders``;
+    * ``receiver_senders = senders[receiver_order]`` and ``sender_receivers =
+      receivers[sender_order]``: the kernels read them in walk order (one dependent load
+      less per edge);
+    * ``shifts`` ``(E, 3)`` or None: periodic cell shifts of each edge (see
+      :func:`jequi.edge_vectors`);
+    * ``num_nodes``, ``num_senders`` (static): rows of the output and of ``x``;
+    * ``edges_sorted`` (static): the edges were given in receiver order (checked on the host
+      when the indices are concrete), so ``receiver_order`` is the identity and the forward
+      kernel reads edge rows in sequence.
+    """
+
+    senders: jax.Array
+    receivers: jax.Array
+    receiver_order: jax.Array
+    receiver_offsets: jax.Array
+    sender_order: jax.Array
+    sender_offsets: jax.Array
+    receiver_senders: jax.Array
+    sender_receivers: jax.Array
+    shifts: jax.Array | None = None
+    num_nodes: int = dataclasses.field(default=0, metadata=dict(static=True))
+    num_senders: int = dataclasses.field(default=0, metadata=dict(static=True))
+    edges_sorted: bool = dataclasses.field(default=False, metadata=dict(static=True))
+
+    @classmethod
+    def build(cls, senders, receivers, num_nodes: int, num_senders: int | None = None, shifts=None) -> Graph:
+        """Prepare the graph with edges ``senders[e] -> receivers[e]`` (any order).
+
+        ``num_nodes`` (static) is the number of receiving nodes (output rows),
+        ``num_senders`` (static, default ``num_nodes``) the number of rows of ``x``.
+        """
+        check_indices(senders, receivers)
+        num_nodes = check_num_nodes(num_nodes)
+        num_senders = check_num_nodes(num_nodes if num_senders is None else num_senders, "num_senders")
+        edges_sorted = _sorted_on_host(senders, receivers, num_nodes, num_senders)
+        senders = jnp.asarray(senders, jnp.int32)
+        receivers = jnp.asarray(receivers, jnp.int32)
+        valid = (senders >= 0) & (senders < num_senders) & (receivers >= 0) & (receivers < num_nodes)
+        senders, receivers = jnp.where(valid, senders, 0), jnp.where(valid, receivers, num_nodes)
+        receiver_order, receiver_offsets = _csr(receivers, num_nodes)
+        sender_order, sender_offsets = _csr(jnp.where(valid, senders, num_senders), num_senders)
+        if shifts is not None:
+            shifts = jnp.asarray(shifts)
+            if shifts.shape != (senders.shape[0], 3):
+                raise ValueError(f"shifts must have shape (num_edges, 3) = ({senders.shape[0]}, 3), got {shifts.shape}")
+        return cls(
+            senders, receivers, receiver_order, receiver_offsets[:-1], sender_order, sender_offsets,
+            senders[receiver_order], receivers[sender_order], shifts, num_nodes, num_senders, edges_sorted,
+        )  # fmt: skip
+
+    @property
+    def num_edges(self) -> int:
+        return self.senders.shape[-1]
+
+    @property
+    def index_arrays(self) -> tuple:
+        """The integer arrays the kernels read (non-differentiable operands of the conv ops)."""
+        return tuple(getattr(self, f) for f in _INDEX_FIELDS)
+
+    @property
+    def static(self) -> tuple:
+        """``(num_nodes, num_senders, edges_sorted)``."""
+        return self.num_nodes, self.num_senders, self.edges_sorted
+
+    @classmethod
+    def from_index_arrays(cls, arrays, static) -> Graph:
+        """Inverse of (:attr:`index_arrays`, :attr:`static`), without ``shifts``."""
+        num_nodes, num_senders, edges_sorted = static
+        return cls(*arrays, shifts=None, num_nodes=num_nodes, num_senders=num_senders, edges_sorted=edges_sorted)
+
+
+_INDEX_FIELDS = (
+    "senders", "receivers", "receiver_order", "receiver_offsets", "sender_order", "sender_offsets",
+    "receiver_senders", "sender_receivers",
+)  # fmt: skip
+
+
+def _sorted_on_host(senders, receivers, num_nodes: int, num_senders: int) -> bool:
+    """True when concrete indices are all valid and in receiver order (False when traced)."""
+    try:
+        s, r = np.asarray(senders), np.asarray(receivers)
+    except jax.errors.TracerArrayConversionError:
+        return False
+    valid = np.all((s >= 0) & (s < num_senders) & (r >= 0) & (r < num_nodes))
+    return bool(valid and np.all(np.diff(r) >= 0))

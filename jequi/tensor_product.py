@@ -10,7 +10,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import backends, graph
+from . import backends
+from . import graph as graph_lib
 from .autodiff import TrilinearOp, trilinear_op
 from .descriptor import TensorProductDescriptor
 from .irreps import Irreps, as_irreps
@@ -26,11 +27,16 @@ def _tp_op(desc: TensorProductDescriptor, backend: str) -> TrilinearOp:
 
 
 @functools.lru_cache(maxsize=512)
-def _conv_op(desc: TensorProductDescriptor, backend: str, num_nodes: int) -> TrilinearOp:
+def _conv_op(desc: TensorProductDescriptor, backend: str, static: tuple, kahan: bool) -> TrilinearOp:
     b = backends.BACKENDS[backend]
+    options = {"kahan": True} if kahan else {}
+
+    def unpack(arrays):
+        return graph_lib.Graph.from_index_arrays(arrays, static)
+
     return trilinear_op(
-        lambda x, y, w, s, r: b.conv_forward(desc, x, y, w, s, r, num_nodes),
-        lambda x, y, w, g, s, r: b.conv_backward(desc, x, y, w, g, s, r, num_nodes),
+        lambda x, y, w, *g: b.conv_forward(desc, x, y, w, unpack(g), **options),
+        lambda x, y, w, gout, *g: b.conv_backward(desc, x, y, w, gout, unpack(g), **options),
     )
 
 
@@ -184,17 +190,24 @@ class TensorProduct:
             z = _tp_op(self.descriptor.trilinear, b.name).apply(xf, yf, wf).reshape(*batch, dout)
         return e3nn.IrrepsArray(self.irreps_out, z) if wrap else z
 
-    def conv(self, x, y, w, senders, receivers, num_nodes=None, *, backend: str | None = None):
+    def conv(self, x, y, w, graph, receivers=None, num_nodes=None, *, backend: str | None = None, kahan: bool = False):
         """Fused graph convolution ``out[r] = sum_{e: receivers[e]=r} tp(x[senders[e]], y[e], w[e])``.
 
         ``x (num_senders, in1.dim)`` node features, ``y (E, in2.dim)`` and ``w (E,
-        weight_numel)`` (or shared ``(weight_numel,)``) per edge, ``senders``/``receivers``
-        integer ``(E,)`` in any order; ``num_nodes`` (static int, default ``x.shape[0]``) is the
+        weight_numel)`` (or shared ``(weight_numel,)``) per edge. The graph is a
+        :class:`jequi.Graph` (build it once per structure and reuse it in every layer), or
+        raw ``senders, receivers[, num_nodes]`` integer ``(E,)`` arrays in any order, from which
+        one is built on each call; ``num_nodes`` (static int, default ``x.shape[0]``) is the
         number of output rows. Edges whose sender or receiver is out of range contribute
         nothing (see :mod:`jequi.graph`). Batches of equal-size graphs: ``jax.vmap``.
+
+        ``kahan=True`` (``backend="pallas"``): compensated summation of each node's sums, for
+        f32 accuracy on high-degree nodes.
         """
         x, y, w, wrap = self._inputs(x, y, w)
         b = backends.resolve(backend, self.descriptor.trilinear)
+        if kahan and not b.supports_kahan:
+            raise ValueError(f"kahan=True needs a backend with compensated sums (pallas), not {b.name!r}")
         if x.ndim != 2 or y.ndim != 2 or w.ndim > 2:
             raise ValueError(
                 f"conv takes x (nodes, {x.shape[-1]}), y (edges, {y.shape[-1]}) and w (edges, "
@@ -204,15 +217,25 @@ class TensorProduct:
         num_edges = y.shape[0]
         if w.ndim == 2 and w.shape[0] != num_edges:
             raise ValueError(f"w has {w.shape[0]} rows but y has {num_edges} edges")
-        graph.check_indices(senders, receivers, num_edges)
-        num_nodes = graph.check_num_nodes(x.shape[0] if num_nodes is None else num_nodes)
-        dout = self.descriptor.dims[2]
-        if num_edges == 0 or x.shape[0] == 0 or num_nodes == 0 or dout == 0:
-            out = jnp.zeros((num_nodes, dout), x.dtype)
+        if isinstance(graph, graph_lib.Graph):
+            if receivers is not None or num_nodes is not None:
+                raise TypeError("pass either a Graph or senders, receivers[, num_nodes], not both")
+            if graph.num_senders != x.shape[0]:
+                raise ValueError(f"the graph has {graph.num_senders} senders but x has {x.shape[0]} rows")
+            if graph.num_edges != num_edges:
+                raise ValueError(f"the graph has {graph.num_edges} edges but y has {num_edges}")
         else:
-            s, r = graph.sanitize(senders, receivers, x.shape[0], num_nodes)
-            w = self._kernel_weights(w)
-            out = _conv_op(self.descriptor.trilinear, b.name, num_nodes).apply(x, y, w, s, r)
+            if receivers is None:
+                raise TypeError("conv needs a Graph or both senders and receivers")
+            graph_lib.check_indices(graph, receivers, num_edges)
+            num_nodes = graph_lib.check_num_nodes(x.shape[0] if num_nodes is None else num_nodes)
+            graph = graph_lib.Graph.build(graph, receivers, num_nodes, x.shape[0])
+        dout = self.descriptor.dims[2]
+        if num_edges == 0 or x.shape[0] == 0 or graph.num_nodes == 0 or dout == 0:
+            out = jnp.zeros((graph.num_nodes, dout), x.dtype)
+        else:
+            op = _conv_op(self.descriptor.trilinear, b.name, graph.static, bool(kahan))
+            out = op.apply(x, y, self._kernel_weights(w), *graph.index_arrays)
         return e3nn.IrrepsArray(self.irreps_out, out) if wrap else out
 
 

@@ -1,6 +1,7 @@
 """Pallas GPU kernels of jequi (Triton lowering on GPU, interpret mode on CPU)."""
 
+from .conv import conv_backward, conv_forward
 from .lowering import on_gpu
 from .tensor_product import SUPPORTED_MODES, backward, forward, unsupported_modes
 
-__all__ = ["SUPPORTED_MODES", "backward", "forward", "on_gpu", "unsupported_modes"]
+__all__ = ["SUPPORTED_MODES", "backward", "conv_backward", "conv_forward", "forward", "on_gpu", "unsupported_modes"]

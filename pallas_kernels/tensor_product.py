@@ -63,7 +63,7 @@ def _key(idx: np.ndarray):
     return idx.shape, idx.tobytes()
 
 
-def _storer(ref, base):
+def storer(ref, base):
     """``store(idx, value)``: write `value` at static positions `idx` after `base` in `ref`."""
 
     def store(idx, value):
@@ -72,7 +72,7 @@ def _storer(ref, base):
     return store
 
 
-class _Row:
+class Row:
     """Cached loads from one row of a flat ref (``base`` = row offset, or 0 for shared refs)."""
 
     def __init__(self, ref, base):
@@ -110,20 +110,33 @@ def _contract_x(t, x):
     return a
 
 
+def slots(segments) -> list[np.ndarray]:
+    """The vectors a row of `segments` is stored as: one static index array per (segment,
+    channel chunk, irrep component), in the order the generators return values."""
+    out = []
+    for seg in segments:
+        index = seg.index()
+        for c0, cs in chunks(seg.mul):
+            out.extend(index[c0 : c0 + cs, k] for k in range(seg.ir_dim))
+    return out
+
+
 # --- forward --------------------------------------------------------------------------------
-def _forward_row(desc, rx: _Row, ry: _Row, rw: _Row, store_z):
+def forward_values(desc, rx: Row, ry: Row, rw: Row, outputs=None) -> list:
+    """One row of ``z``: a value per slot of :func:`slots` ``([desc.out[s] for s in
+    outputs])`` (default: every output segment)."""
     by_out = {}
     for p in desc.active_paths:
         by_out.setdefault(p.i_out, []).append(p)
-    for s, seg in enumerate(desc.out):
-        index = seg.index()
+    values = []
+    for s in range(len(desc.out)) if outputs is None else outputs:
+        seg = desc.out[s]
         for c0, cs in chunks(seg.mul):
             acc = [None] * seg.ir_dim
             for p in by_out.get(s, []):
                 _forward_path(desc, p, c0, cs, rx, ry, rw, acc)
-            for k in range(seg.ir_dim):
-                value = acc[k] if acc[k] is not None else jnp.zeros((cs,), rx.ref.dtype)
-                store_z(index[c0 : c0 + cs, k], value)
+            values.extend(a if a is not None else jnp.zeros((cs,), rx.ref.dtype) for a in acc)
+    return values
 
 
 def _forward_path(desc, p, c0, cs, rx, ry, rw, acc):
@@ -177,26 +190,45 @@ class _Grads:
         key = (int(pos), lanes.shape[0])
         self.scalar[key] = _add(self.scalar.get(key), lanes)
 
+    def values(self, segments, dtype) -> list:
+        """The row as a value per slot of :func:`slots` ``(segments)`` (zeros where nothing
+        accumulated)."""
+        out = []
+        for idx in slots(segments):
+            lanes = jnp.arange(idx.shape[0])
+            value = self.vec.get(_key(idx))
+            for n, pos in enumerate(idx):
+                parts = [jnp.sum(v) for (p, _), v in self.scalar.items() if p == int(pos)]
+                if parts:
+                    value = _add(value, jnp.where(lanes == n, sum(parts[1:], parts[0]), 0).astype(dtype))
+            out.append(value if value is not None else jnp.zeros(idx.shape, dtype))
+        return out
+
     def store(self, segments, store, dtype):
-        """Store every element of the row (zeros where nothing accumulated)."""
-        for seg in segments:
-            index = seg.index()
-            for c0, cs in chunks(seg.mul):
-                lanes = jnp.arange(cs)
-                for m in range(seg.ir_dim):
-                    idx = index[c0 : c0 + cs, m]
-                    value = self.vec.get(_key(idx))
-                    for n, pos in enumerate(idx):
-                        parts = [jnp.sum(v) for (p, _), v in self.scalar.items() if p == int(pos)]
-                        if parts:
-                            value = _add(value, jnp.where(lanes == n, sum(parts[1:], parts[0]), 0).astype(dtype))
-                    store(idx, value if value is not None else jnp.zeros((cs,), dtype))
+        """Store every element of the row."""
+        for idx, value in zip(slots(segments), self.values(segments, dtype)):
+            store(idx, value)
 
 
-def _backward_row(desc, rx, ry, rw, rg, store_gw):
+def inactive_paths(desc) -> list:
+    """Weighted paths that touch no data (a zero multiplicity): their gradient is zero."""
+    return [p for p in desc.paths if p.weight_numel and p not in desc.active_paths]
+
+
+def zero_weights(paths, store_gw, dtype):
+    for p in paths:
+        for c0, cs in chunks(p.weight_numel):
+            store_gw(p.weight_offset + np.arange(c0, c0 + cs), jnp.zeros((cs,), dtype))
+
+
+def backward_row(desc, rx: Row, ry: Row, rw: Row, rg: Row, store_gw, dtype, paths=None):
+    """One row of the backward of `paths` (default: all, and then zeros for the inactive
+    ones): stores their ``gw`` and returns the ``gx`` and ``gy`` accumulators (:class:`_Grads`)."""
     gx, gy = _Grads(), _Grads()
-    for p in desc.active_paths:
+    for p in desc.active_paths if paths is None else paths:
         _backward_path(desc, p, rx, ry, rw, rg, gx, gy, store_gw)
+    if paths is None:
+        zero_weights(inactive_paths(desc), store_gw, dtype)
     return gx, gy
 
 
@@ -263,7 +295,7 @@ def _backward_path(desc, p, rx, ry, rw, rg, gx, gy, store_gw):
 
 
 # --- pallas_call wrappers -------------------------------------------------------------------
-def _rows_loop(n_rows: int, rows_per_program: int, body):
+def rows_loop(n_rows: int, rows_per_program: int, body):
     pid = pl.program_id(0)
 
     def step(r, carry):
@@ -282,7 +314,7 @@ def _rows_per_program(n: int) -> int:
     return 8 if n >= 8 * 1024 else 1
 
 
-def _num_warps(desc) -> int:
+def num_warps(desc) -> int:
     """One thread per lane of the widest channel chunk (4 warps for 128 channels, 1 for 32):
     narrower problems then run more programs per SM instead of idling threads."""
     widest = max((size for s in (*desc.in1, *desc.out) for _, size in chunks(s.mul)), default=32)
@@ -300,13 +332,15 @@ def forward(desc, x, y, w):
 
     def kernel(x_ref, y_ref, w_ref, z_ref):
         def row(b):
-            rw = _Row(w_ref, 0 if shared else b * nw)
-            _forward_row(desc, _Row(x_ref, b * d1), _Row(y_ref, b * d2), rw, _storer(z_ref, b * do))
+            rw = Row(w_ref, 0 if shared else b * nw)
+            store = storer(z_ref, b * do)
+            for idx, value in zip(slots(desc.out), forward_values(desc, Row(x_ref, b * d1), Row(y_ref, b * d2), rw)):
+                store(idx, value)
 
-        _rows_loop(n, rpp, row)
+        rows_loop(n, rpp, row)
 
     z = pallas_call(
-        kernel, jax.ShapeDtypeStruct((n * do,), x.dtype), (pl.cdiv(n, rpp),), _num_warps(desc), name="jequi_tp_fwd"
+        kernel, jax.ShapeDtypeStruct((n * do,), x.dtype), (pl.cdiv(n, rpp),), num_warps(desc), name="jequi_tp_fwd"
     )(
         x.reshape(-1), y.reshape(-1), w.reshape(-1)
     )
@@ -322,25 +356,21 @@ def backward(desc, x, y, w, gz):
     shared = w.ndim == 1
     rpp = _rows_per_program(n)
     dtype = x.dtype
-    inactive = [p for p in desc.paths if p.weight_numel and p not in desc.active_paths]
 
     def kernel(x_ref, y_ref, w_ref, g_ref, gx_ref, gy_ref, gw_ref):
         def row(b):
             wbase = 0 if shared else b * nw
-            gx, gy = _backward_row(
-                desc, _Row(x_ref, b * d1), _Row(y_ref, b * d2), _Row(w_ref, wbase), _Row(g_ref, b * do),
-                _storer(gw_ref, b * nw),
+            gx, gy = backward_row(
+                desc, Row(x_ref, b * d1), Row(y_ref, b * d2), Row(w_ref, wbase), Row(g_ref, b * do),
+                storer(gw_ref, b * nw), dtype,
             )
-            gx.store(desc.in1, _storer(gx_ref, b * d1), dtype)
-            gy.store(desc.in2, _storer(gy_ref, b * d2), dtype)
-            for p in inactive:  # their weights touch no data: zero gradient
-                for c0, cs in chunks(p.weight_numel):
-                    _storer(gw_ref, b * nw)(p.weight_offset + np.arange(c0, c0 + cs), jnp.zeros((cs,), dtype))
+            gx.store(desc.in1, storer(gx_ref, b * d1), dtype)
+            gy.store(desc.in2, storer(gy_ref, b * d2), dtype)
 
-        _rows_loop(n, rpp, row)
+        rows_loop(n, rpp, row)
 
     shapes = [jax.ShapeDtypeStruct((n * d,), dtype) for d in (d1, d2, nw)]
-    gx, gy, gw = pallas_call(kernel, shapes, (pl.cdiv(n, rpp),), _num_warps(desc), name="jequi_tp_bwd")(
+    gx, gy, gw = pallas_call(kernel, shapes, (pl.cdiv(n, rpp),), num_warps(desc), name="jequi_tp_bwd")(
         x.reshape(-1), y.reshape(-1), w.reshape(-1), gz.reshape(-1)
     )
     gw = gw.reshape(n, nw)

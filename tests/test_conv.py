@@ -1,11 +1,14 @@
-"""tp.conv against gather + e3nn-jax tensor product + segment_sum."""
+"""tp.conv (every backend; Pallas in interpret mode on CPU) against gather + e3nn-jax tensor
+product + segment_sum, and the Graph it runs on."""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import assert_close, e3nn_tp
 
 import jequi
+import pallas_kernels.conv
 
 
 def reference(tp, x, y, w, s, r, n):
@@ -29,38 +32,51 @@ def tp():
     return jequi.problems.get("nequip-water")
 
 
+BACKENDS = ["xla", "pallas"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("shared", [False, True])
 @pytest.mark.parametrize("order", ["unsorted", "sorted"])
-def test_conv_matches_reference(tp, order, shared):
+def test_conv_matches_reference(tp, order, shared, backend):
     rng = np.random.default_rng(0)
     x, y, w, s, r = graph(rng, tp, 7, 30, shared)
     if order == "sorted":
         perm = np.argsort(r, kind="stable")
         s, r, y = s[perm], r[perm], y[perm]
         w = w if shared else w[perm]
-    assert_close(jax.jit(tp.conv, static_argnums=5)(x, y, w, s, r, 7), reference(tp, x, y, w, s, r, 7), 1e-12)
+    conv = jax.jit(lambda *a: tp.conv(*a, 7, backend=backend))
+    assert_close(conv(x, y, w, s, r), reference(tp, x, y, w, s, r, 7), 1e-12)
 
 
-def test_isolated_nodes_hub_and_empty_graph(tp):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_isolated_nodes_hub_and_empty_graph(tp, backend):
     rng = np.random.default_rng(1)
     x, y, w, s, _ = graph(rng, tp, 9, 40)
     r = np.full(40, 4)  # one hub receives every edge; every other node is isolated
-    out = tp.conv(x, y, w, s, r, 9)
+    s[:5] = 2  # and one node sends several edges
+    out = tp.conv(x, y, w, s, r, 9, backend=backend)
     assert_close(out, reference(tp, x, y, w, s, r, 9), 1e-12)
     assert np.all(np.asarray(out)[np.arange(9) != 4] == 0)
-    empty = tp.conv(x, y[:0], w[:0], s[:0], r[:0], 9)
+    gx = jax.grad(lambda x: jnp.sum(tp.conv(x, y, w, s, r, 9, backend=backend) ** 2))(x)
+    ref_gx = jax.grad(lambda x: jnp.sum(tp.conv(x, y, w, s, r, 9, backend="xla") ** 2))(x)
+    assert_close(gx, ref_gx, 1e-12)
+    empty = tp.conv(x, y[:0], w[:0], s[:0], r[:0], 9, backend=backend)
     assert empty.shape == (9, tp.irreps_out.dim) and not np.any(np.asarray(empty))
 
 
-def test_out_of_range_indices_are_dropped(tp):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_out_of_range_indices_are_dropped(tp, backend):
     rng = np.random.default_rng(2)
     x, y, w, s, r = graph(rng, tp, 6, 20)
     s[[0, 5]] = [-1, 6]
     r[[1, 7, 9]] = [6, -2, 1000]
-    out = jax.jit(tp.conv, static_argnums=5)(x, y, w, s, r, 6)
+    out = jax.jit(lambda *a: tp.conv(*a, 6, backend=backend))(x, y, w, s, r)
     assert_close(out, reference(tp, x, y, w, s, r, 6), 1e-12)
-    gx = jax.grad(lambda x: tp.conv(x, y, w, s, r, 6).sum())(x)
+    gx, gy, gw = jax.grad(lambda *a: tp.conv(*a, s, r, 6, backend=backend).sum(), argnums=(0, 1, 2))(x, y, w)
     assert np.all(np.isfinite(gx))
+    dropped = [0, 1, 5, 7, 9]
+    assert not np.any(np.asarray(gy)[dropped]) and not np.any(np.asarray(gw)[dropped])
 
 
 def test_bipartite_num_nodes(tp):
@@ -70,3 +86,63 @@ def test_bipartite_num_nodes(tp):
     w = rng.normal(size=(12, tp.weight_numel))
     s, r = rng.integers(0, 5, 12), rng.integers(0, 3, 12)
     assert_close(tp.conv(x, y, w, s, r, 3), reference(tp, x, y, w, s, r, 3), 1e-12)
+
+
+def test_graph_is_built_once_and_reused(tp):
+    rng = np.random.default_rng(5)
+    x, y, w, s, r = graph(rng, tp, 8, 30)
+    g = jax.jit(jequi.Graph.build, static_argnums=2)(s, r, 8)
+    order = np.asarray(g.receiver_order)
+    assert np.all(np.diff(r[order]) >= 0)  # receiver-sorted (stable)
+    assert np.array_equal(np.asarray(g.receiver_offsets), np.searchsorted(r[order], np.arange(9)))
+    assert np.all(np.diff(s[np.asarray(g.sender_order)]) >= 0)
+    for backend in BACKENDS:
+        assert_close(tp.conv(x, y, w, g, backend=backend), reference(tp, x, y, w, s, r, 8), 1e-12)
+    with pytest.raises(TypeError, match="either a Graph"):
+        tp.conv(x, y, w, g, r)
+    with pytest.raises(ValueError, match="8 senders but x has 7 rows"):
+        tp.conv(x[:7], y, w, g)
+    with pytest.raises(ValueError, match="30 edges but y has 29"):
+        tp.conv(x, y[:29], w[:29], g)
+    with pytest.raises(ValueError, match="shifts must have shape"):
+        jequi.Graph.build(s, r, 8, shifts=np.zeros((3, 3)))
+
+
+def test_kahan_summation_on_a_hub():
+    """f32 sums over a node with many edges: compensated sums are closer to the f64 result."""
+    tp = jequi.channelwise("32x0e", "0e", "0e")
+    rng = np.random.default_rng(6)
+    e = 2000
+    x = rng.normal(size=(1, 32)) + 3.0
+    y = rng.normal(size=(e, 1)) * 10.0 ** rng.uniform(-3, 3, (e, 1))
+    w = rng.normal(size=(e, tp.weight_numel))
+    s, r = np.zeros(e, np.int32), np.zeros(e, np.int32)
+    exact = np.asarray(tp.conv(x, y, w, s, r, 1, backend="xla"))
+    f32 = [a.astype(np.float32) for a in (x, y, w)]
+    plain = np.asarray(tp.conv(*f32, s, r, 1, backend="pallas"), np.float64)
+    kahan = np.asarray(tp.conv(*f32, s, r, 1, backend="pallas", kahan=True), np.float64)
+    inputs_only = np.asarray(tp.conv(*(a.astype(np.float64) for a in f32), s, r, 1, backend="xla"))
+    err = lambda a: np.abs(a - inputs_only).max() / np.abs(exact).max()  # noqa: E731
+    assert err(kahan) < 0.5 * err(plain), (err(kahan), err(plain))
+    with pytest.raises(ValueError, match="kahan=True needs"):
+        tp.conv(*f32, s, r, 1, backend="xla", kahan=True)
+
+
+@pytest.mark.parametrize("edges_per_step", [1, 2, 3])
+def test_sorted_edges_and_edge_loop_unrolling(tp, edges_per_step, monkeypatch):
+    """Edges given in receiver order are read in sequence (Graph.edges_sorted); the Pallas
+    edge loop gives the same sums however many edges it takes per step."""
+    monkeypatch.setattr(pallas_kernels.conv, "EDGES_PER_STEP", edges_per_step)
+    jax.clear_caches()
+    rng = np.random.default_rng(7)
+    x, y, w, s, r = graph(rng, tp, 7, 31)
+    perm = np.argsort(r, kind="stable")
+    s, r, y, w = s[perm], r[perm], y[perm], w[perm]
+    g = jequi.Graph.build(s, r, 7)
+    assert g.edges_sorted and not jequi.Graph.build(s[::-1], r[::-1], 7).edges_sorted
+    assert not jax.jit(jequi.Graph.build, static_argnums=2)(s, r, 7).edges_sorted  # traced: unknown
+    loss = lambda b: lambda x, y, w: jnp.sum(jnp.sin(tp.conv(x, y, w, g, backend=b)))  # noqa: E731
+    assert_close(tp.conv(x, y, w, g, backend="pallas"), reference(tp, x, y, w, s, r, 7), 1e-12)
+    for a, b in zip(jax.grad(loss("pallas"), (0, 1, 2))(x, y, w), jax.grad(loss("xla"), (0, 1, 2))(x, y, w)):
+        assert_close(a, b, 1e-12)
+    jax.clear_caches()

@@ -83,8 +83,9 @@ def test_second_order_with_symbolic_zero_cotangents():
         assert_close(a, b, 1e-10)
 
 
+@pytest.mark.parametrize("backend", ["xla", "pallas"])
 @pytest.mark.parametrize("order", [first, second, third])
-def test_conv_derivatives(order):
+def test_conv_derivatives(order, backend):
     tp = PROBLEMS["channelwise"]()
     rng = np.random.default_rng(5)
     n, e = 5, 12
@@ -97,7 +98,7 @@ def test_conv_derivatives(order):
     def reference(x, y, w):
         return jax.ops.segment_sum(e3nn_tp(tp, x[s], y, w), r, num_segments=n)
 
-    ours = jax.jit(order(lambda x, y, w: tp.conv(x, y, w, s, r, n), g))(x, y, w)
+    ours = jax.jit(order(lambda x, y, w: tp.conv(x, y, w, s, r, n, backend=backend), g))(x, y, w)
     expected = order(reference, g)(x, y, w)
     for a, b, what in zip(ours, expected, "xyw"):
         assert_close(a, b, 1e-10, f"{order.__name__} d/d{what}")

@@ -1,5 +1,7 @@
 """jit, vmap (any in_axes), broadcasting and IrrepsArray in/out."""
 
+import functools
+
 import e3nn_jax as e3nn
 import jax
 import jax.numpy as jnp
@@ -72,18 +74,23 @@ def test_irreps_array_in_and_out(tp):
     assert_close(tp(regrouped, y, w).array, z.array, 0)
 
 
-def test_conv_vmap_over_graphs(tp):
+@pytest.mark.parametrize("backend", ["xla", "pallas"])
+def test_conv_vmap_over_graphs(tp, backend):
     rng = np.random.default_rng(3)
     g, n, e = 3, 4, 9
     x = rng.normal(size=(g, n, tp.irreps_in1.dim))
     y = rng.normal(size=(g, e, tp.irreps_in2.dim))
     w = rng.normal(size=(g, e, tp.weight_numel))
     s, r = rng.integers(0, n, (g, e)), rng.integers(0, n, (g, e))
-    got = jax.jit(jax.vmap(lambda x, y, w, s, r: tp.conv(x, y, w, s, r, n)))(x, y, w, s, r)
+    conv = functools.partial(tp.conv, backend=backend)
+    got = jax.jit(jax.vmap(lambda x, y, w, s, r: conv(x, y, w, s, r, n)))(x, y, w, s, r)
     for k in range(g):
-        assert_close(got[k], tp.conv(x[k], y[k], w[k], s[k], r[k], n), 1e-13)
+        assert_close(got[k], tp.conv(x[k], y[k], w[k], s[k], r[k], n, backend="xla"), 1e-13)
+    # Graphs built under vmap, then reused.
+    graphs = jax.vmap(lambda s, r: jequi.Graph.build(s, r, n))(s, r)
+    assert_close(jax.vmap(conv)(x, y, w, graphs), got, 1e-13)
     # Shared weights and one graph structure for all batch members.
     ws = rng.normal(size=(tp.weight_numel,))
-    got = jax.vmap(lambda x, y: tp.conv(x, y, ws, s[0], r[0], n))(x, y)
+    got = jax.vmap(lambda x, y: conv(x, y, ws, s[0], r[0], n))(x, y)
     for k in range(g):
-        assert_close(got[k], tp.conv(x[k], y[k], ws, s[0], r[0], n), 1e-13)
+        assert_close(got[k], tp.conv(x[k], y[k], ws, s[0], r[0], n, backend="xla"), 1e-13)

@@ -2,8 +2,9 @@
 
 A backend is a set of four functions taking the descriptor first:
 ``forward(desc, x, y, w)``, ``backward(desc, x, y, w, gz)``,
-``conv_forward(desc, x, y, w, senders, receivers, num_nodes)`` and
-``conv_backward(desc, x, y, w, gout, senders, receivers, num_nodes)``.
+``conv_forward(desc, x, y, w, graph[, kahan])`` and
+``conv_backward(desc, x, y, w, gout, graph[, kahan])`` (``graph`` a :class:`jequi.Graph`;
+``kahan`` only where ``supports_kahan``).
 Inputs are flat: ``x (N, in1.dim)``, ``y (N, in2.dim)``, ``w (N, weight_numel)`` or shared
 ``(weight_numel,)``, all of one floating dtype. Derivatives of every order are built from
 these by :mod:`jequi.autodiff`.
@@ -28,13 +29,15 @@ class Backend:
     conv_backward: Callable
     check: Callable = lambda desc: None  # raises ValueError for a descriptor it cannot run
     available: Callable[[], bool] = lambda: True
+    supports_kahan: bool = False
 
 
 BACKENDS: dict[str, Backend] = {
     "xla": Backend("xla", xla.forward, xla.backward, xla.conv_forward, xla.conv_backward),
     # On CPU the Pallas kernels run in interpret mode: available (for tests), never the default.
     "pallas": Backend(
-        "pallas", pallas.forward, pallas.backward, pallas.conv_forward, pallas.conv_backward, pallas.check
+        "pallas", pallas.forward, pallas.backward, pallas.conv_forward, pallas.conv_backward, pallas.check,
+        supports_kahan=True,
     ),
 }
 

@@ -139,18 +139,17 @@ def backward(desc: TensorProductDescriptor, x, y, w, gz):
     return vjp(gz)
 
 
-def conv_forward(desc: TensorProductDescriptor, x, y, w, senders, receivers, num_nodes: int):
-    """``out[r] = sum_{e: receivers[e] == r} tp(x[senders[e]], y[e], w[e])``.
+def conv_forward(desc: TensorProductDescriptor, x, y, w, graph):
+    """``out[r] = sum_{e: receivers[e] == r} tp(x[senders[e]], y[e], w[e])``: a gather of
+    sender rows, the product per edge and a segment sum (a ``|E| x out.dim`` buffer).
 
-    Indices are already sanitized (see :mod:`jequi.graph`): ``senders`` in range, and
-    ``receivers == num_nodes`` marks an edge to drop.
+    ``graph`` is a :class:`jequi.Graph` (``receivers == num_nodes`` marks a dropped edge).
     """
-    z = forward(desc, x[senders], y, w)
-    return jax.ops.segment_sum(z, receivers, num_segments=num_nodes)
+    z = forward(desc, x[graph.senders], y, w)
+    return jax.ops.segment_sum(z, graph.receivers, num_segments=graph.num_nodes)
 
 
-def conv_backward(desc: TensorProductDescriptor, x, y, w, gout, senders, receivers, num_nodes: int):
+def conv_backward(desc: TensorProductDescriptor, x, y, w, gout, graph):
     """``(gx, gy, gw)``: the VJP of :func:`conv_forward` (jax autodiff)."""
-    f = functools.partial(conv_forward, desc, senders=senders, receivers=receivers, num_nodes=num_nodes)
-    _, vjp = jax.vjp(f, x, y, w)
+    _, vjp = jax.vjp(lambda x, y, w: conv_forward(desc, x, y, w, graph), x, y, w)
     return vjp(gout)

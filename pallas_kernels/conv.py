@@ -1,0 +1,225 @@
+"""Pallas kernels for the fused tensor-product convolution, deterministic, with on-chip sums.
+
+``out[r] = sum over edges e into r of tp(x[senders[e]], y[e], w[e])``, on a
+:class:`jequi.Graph` (edges in any order; the graph holds both CSR orders):
+
+* :func:`conv_forward` walks receivers: a program owns a receiver (and a group of output
+  segments, :func:`output_groups`), loops over its edges in
+  receiver order (a dynamic-length loop), computes each edge's product with the generated
+  instruction stream of :mod:`.tensor_product`, keeps the sum in registers and writes the
+  output row once. No per-edge output buffer, no atomics: the summation order is fixed by
+  the graph, so results are bitwise reproducible.
+* :func:`conv_backward` walks senders through the transpose order: for each edge it writes
+  ``gy[e]`` and ``gw[e]`` (per-edge, no reduction) and adds the edge's ``gx`` contribution
+  to the sender's sum, written once. One kernel (programs split by ``x`` segment, with a
+  partial ``gy`` each), deterministic, no ``|E| x in1.dim`` buffer.
+
+Optional Kahan (compensated) summation of the on-chip sums, for f32.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from .lowering import pallas_call
+from .tensor_product import (
+    Row,
+    backward_row,
+    forward_values,
+    inactive_paths,
+    num_warps,
+    rows_loop,
+    slots,
+    storer,
+    zero_weights,
+)
+
+
+def _accumulate(acc, comp, values, kahan: bool):
+    """``acc += values`` elementwise (lists of vectors); with Kahan, ``comp`` holds the
+    running compensations (Neumaier's variant: exact when a term exceeds the sum)."""
+    if not kahan:
+        return [a + v for a, v in zip(acc, values)], comp
+    new_acc, new_comp = [], []
+    for a, c, v in zip(acc, comp, values):
+        t = a + v
+        c = c + jnp.where(jnp.abs(a) >= jnp.abs(v), (a - t) + v, (v - t) + a)
+        new_acc.append(t)
+        new_comp.append(c)
+    return new_acc, new_comp
+
+
+EDGES_PER_STEP = 1
+
+
+def _edge_loop(start, end, body, init, kahan):
+    """``sum_{k in [start, end)} body(k)`` over lists of vectors, compensated if `kahan`,
+    :data:`EDGES_PER_STEP` edges per loop step (their loads overlap), then the remainder."""
+
+    def step(edges):
+        def run(i, carry):
+            acc, comp = carry
+            for k in edges(i):
+                acc, comp = _accumulate(acc, comp, body(k), kahan)
+            return acc, comp
+
+        return run
+
+    comp0 = [jnp.zeros_like(v) for v in init] if kahan else []
+    carry = (init, comp0)
+    u = EDGES_PER_STEP
+    if u > 1:
+        steps = (end - start) // u
+        carry = jax.lax.fori_loop(0, steps, step(lambda i: [start + u * i + j for j in range(u)]), carry)
+        start = start + u * steps
+    acc, comp = jax.lax.fori_loop(start, end, step(lambda k: [k]), carry)
+    return [a + c for a, c in zip(acc, comp)] if kahan else acc
+
+
+ACCUMULATORS_PER_THREAD = 64
+
+
+def output_groups(desc) -> list[list[int]]:
+    """Output segments in consecutive groups of at most :data:`ACCUMULATORS_PER_THREAD`
+    accumulator elements per thread (the sums live in registers for a whole edge loop: a
+    wide output, e.g. NequIP's 19,968 floats, would spill). Each group is a program of its
+    own; a segment larger than the budget is a group alone."""
+    budget = ACCUMULATORS_PER_THREAD * 32 * num_warps(desc)
+    groups, size = [[]], 0
+    for s, seg in enumerate(desc.out):
+        if groups[-1] and size + seg.size > budget:
+            groups.append([])
+            size = 0
+        groups[-1].append(s)
+        size += seg.size
+    return groups
+
+
+@functools.partial(jax.jit, static_argnames=("desc", "num_nodes", "edges_sorted", "kahan"))
+def conv_forward(
+    desc, x, y, w, receiver_senders, receiver_order, receiver_offsets, *, num_nodes: int, edges_sorted: bool = False,
+    kahan: bool = False,
+):  # fmt: skip
+    """``out (num_nodes, out.dim)``; the index arrays as in :class:`jequi.Graph`
+    (``edges_sorted``: ``receiver_order`` is the identity and is not read)."""
+    d1, d2, do = desc.dims
+    nw = desc.weight_numel
+    shared = w.ndim == 1
+    dtype = x.dtype
+    groups = output_groups(desc)
+
+    def kernel(x_ref, y_ref, w_ref, s_ref, order_ref, off_ref, z_ref):
+        group = pl.program_id(1)  # read outside the loops (interpret mode needs it there)
+
+        def node(r):
+            for g, outputs in enumerate(groups):
+                out_slots = slots([desc.out[s] for s in outputs])
+
+                @pl.when(group == g)
+                def _():
+                    def edge(k):
+                        e = k if edges_sorted else order_ref[k]
+                        rw = Row(w_ref, 0 if shared else e * nw)
+                        return forward_values(desc, Row(x_ref, s_ref[k] * d1), Row(y_ref, e * d2), rw, outputs)
+
+                    init = [jnp.zeros(idx.shape, dtype) for idx in out_slots]
+                    total = _edge_loop(off_ref[r], off_ref[r + 1], edge, init, kahan)
+                    store = storer(z_ref, r * do)
+                    for idx, value in zip(out_slots, total):
+                        store(idx, value)
+
+        rows_loop(num_nodes, 1, node)
+
+    out = pallas_call(
+        kernel, jax.ShapeDtypeStruct((num_nodes * do,), dtype), (num_nodes, len(groups)), num_warps(desc),
+        name="jequi_conv_fwd",
+    )(x.reshape(-1), y.reshape(-1), w.reshape(-1), receiver_senders, receiver_order, receiver_offsets)
+    return out.reshape(num_nodes, do)
+
+
+def input_groups(desc) -> list[tuple[list[int], list]]:
+    """``(in1 segments, paths)`` per backward program: one group per ``x`` segment that has
+    paths (their ``gx`` slots, ``gw`` blocks and ``gz`` blocks are disjoint, so a group needs
+    no other group's sums; ``gy`` is the one shared output). Segments without paths go to
+    the first group (their ``gx`` is zero)."""
+    groups = [([s], [p for p in desc.active_paths if p.i_in1 == s]) for s in range(len(desc.in1))]
+    used = [g for g in groups if g[1]]
+    if not used:
+        return [(list(range(len(desc.in1))), [])]
+    used[0][0].extend(s for s, paths in groups if not paths)
+    return used
+
+
+@functools.partial(jax.jit, static_argnames=("desc", "kahan"))
+def conv_backward(desc, x, y, w, gout, sender_receivers, sender_order, sender_offsets, *, kahan: bool = False):
+    """``(gx, gy, gw)`` of :func:`conv_forward` for the output cotangent ``gout``; the index
+    arrays as in :class:`jequi.Graph` (the last bucket of ``sender_offsets`` holds
+    the dropped edges, which get zero ``gy`` and ``gw``). A program owns a sender and an
+    :func:`input_groups` group; each group writes its own partial ``gy``, summed here.
+    Shared weights get ``gw`` summed over edges."""
+    num_senders = x.shape[0]
+    num_edges = y.shape[0]
+    d1, d2, do = desc.dims
+    nw = desc.weight_numel
+    shared = w.ndim == 1
+    dtype = x.dtype
+    in2_slots = slots(desc.in2)
+    groups = input_groups(desc)
+    inactive = inactive_paths(desc)
+
+    def kernel(x_ref, y_ref, w_ref, g_ref, r_ref, order_ref, off_ref, gx_ref, gy_ref, gw_ref):
+        group = pl.program_id(1)  # read outside the loops (interpret mode needs it there)
+
+        def node(n):
+            start, end = off_ref[n], off_ref[n + 1]
+            for gi, (segments, paths) in enumerate(groups):
+                in1_slots = slots([desc.in1[s] for s in segments])
+                gy_base = gi * num_edges * d2
+
+                @pl.when((group == gi) & (n < num_senders))
+                def _():
+                    def edge(k):
+                        e = order_ref[k]
+                        rw = Row(w_ref, 0 if shared else e * nw)
+                        gx, gy = backward_row(
+                            desc, Row(x_ref, n * d1), Row(y_ref, e * d2), rw, Row(g_ref, r_ref[k] * do),
+                            storer(gw_ref, e * nw), dtype, paths,
+                        )  # fmt: skip
+                        if gi == 0:
+                            zero_weights(inactive, storer(gw_ref, e * nw), dtype)
+                        gy.store(desc.in2, storer(gy_ref, gy_base + e * d2), dtype)
+                        return gx.values([desc.in1[s] for s in segments], dtype)
+
+                    init = [jnp.zeros(idx.shape, dtype) for idx in in1_slots]
+                    store = storer(gx_ref, n * d1)
+                    for idx, value in zip(in1_slots, _edge_loop(start, end, edge, init, kahan)):
+                        store(idx, value)
+
+                @pl.when((group == gi) & (n == num_senders))
+                def _():  # dropped edges: zero gradients
+                    def zero(k, carry):
+                        e = order_ref[k]
+                        for idx in in2_slots:
+                            storer(gy_ref, gy_base + e * d2)(idx, jnp.zeros(idx.shape, dtype))
+                        zero_weights(paths + (inactive if gi == 0 else []), storer(gw_ref, e * nw), dtype)
+                        return carry
+
+                    jax.lax.fori_loop(start, end, zero, 0)
+
+        rows_loop(num_senders + 1, 1, node)
+
+    shapes = [
+        jax.ShapeDtypeStruct((num_senders * d1,), dtype),
+        jax.ShapeDtypeStruct((len(groups) * num_edges * d2,), dtype),
+        jax.ShapeDtypeStruct((num_edges * nw,), dtype),
+    ]
+    gx, gy, gw = pallas_call(
+        kernel, shapes, (num_senders + 1, len(groups)), num_warps(desc), name="jequi_conv_bwd"
+    )(x.reshape(-1), y.reshape(-1), w.reshape(-1), gout.reshape(-1), sender_receivers, sender_order, sender_offsets)
+    gw = gw.reshape(num_edges, nw)
+    gy = gy.reshape(len(groups), num_edges, d2).sum(0)
+    return gx.reshape(num_senders, d1), gy, gw.sum(0) if shared else gw
