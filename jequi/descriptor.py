@@ -70,22 +70,6 @@ class Segment:
         return self.offset + m * self.mul + u
 
 
-def convert_layout(array, segments: tuple[Segment, ...], layout: str):
-    """``array (..., dim)`` with blocks `segments` rewritten in `layout` (a transpose of each
-    ``mul x ir`` block; the identity where the layouts agree)."""
-    import jax.numpy as jnp
-
-    if all(s.layout == layout or s.mul == 1 or s.ir_dim == 1 for s in segments):
-        return array
-    blocks = []
-    for s in segments:
-        block = array[..., s.offset : s.offset + s.size]
-        shape = (s.mul, s.ir_dim) if s.layout == "mul_ir" else (s.ir_dim, s.mul)
-        block = block.reshape(*block.shape[:-1], *shape)
-        blocks.append(jnp.swapaxes(block, -1, -2).reshape(*block.shape[:-2], s.size) if s.layout != layout else block.reshape(*block.shape[:-2], s.size))
-    return jnp.concatenate(blocks, axis=-1)
-
-
 def segments_of(irreps: Irreps, layout: str) -> tuple[Segment, ...]:
     """The blocks of a flat vector with these irreps, in order."""
     out, offset = [], 0
@@ -383,20 +367,6 @@ class TensorProductDescriptor:
                 offset += p.weight_numel
             paths.append(p)
         new.paths, new.weight_numel, new._key = tuple(paths), offset, self._key + ("trilinear",)
-        return new
-
-    def with_layout(self, layout: str) -> "TensorProductDescriptor":
-        """This product with ``x``, ``y`` and ``z`` in `layout` (same paths, CG and weights)."""
-        if layout == self.layout:
-            return self
-        if layout not in LAYOUTS:
-            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-        new = copy.copy(self)
-        for cached in ("trilinear", "sparse_plan"):
-            new.__dict__.pop(cached, None)
-        new.layout = layout
-        new.in1, new.in2, new.out = (segments_of(i, layout) for i in (self.irreps_in1, self.irreps_in2, self.irreps_out))
-        new._key = self._key[:7] + (layout,) + self._key[8:]
         return new
 
     @functools.cached_property

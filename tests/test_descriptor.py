@@ -6,7 +6,6 @@ from conftest import e3nn_functional
 from test_forward_e3nn import EDGE_CASES
 
 import jequi
-from jequi.descriptor import convert_layout
 
 
 @pytest.mark.parametrize("name", ["path-weights", "gradient-element", "none-path", "mixed-modes-one-output", "uvuv"])
@@ -51,15 +50,3 @@ def test_equal_arguments_give_equal_descriptors():
     assert a == b and hash(a) == hash(b)
     assert a != jequi.problems.get("mace-medium", layout="ir_mul").descriptor
 
-
-def test_with_layout_and_convert_layout():
-    tp = jequi.problems.get("mace-medium")
-    desc = tp.descriptor
-    other = jequi.TensorProduct(tp.irreps_in1, tp.irreps_in2, tp.irreps_out, tp.instructions, layout="ir_mul").descriptor
-    assert desc.with_layout("ir_mul") == other and hash(desc.with_layout("ir_mul")) == hash(other)
-    assert desc.with_layout("ir_mul").with_layout("mul_ir") == desc
-    x = np.random.default_rng(0).normal(size=(2, desc.dims[0]))
-    moved = np.asarray(convert_layout(x, desc.in1, "ir_mul"))
-    for a, b in zip(desc.in1, other.in1):
-        assert np.array_equal(moved[:, b.index()], x[:, a.index()])
-    assert np.array_equal(np.asarray(convert_layout(moved, other.in1, "mul_ir")), x)
