@@ -1,0 +1,154 @@
+"""A NequIP-style interatomic potential built on ``tp.conv``, in Flax linen and in Haiku.
+
+The architecture is written once, in :func:`atomic_energies`, against a parameter function
+``param(name, shape, std)`` (a normal initialiser with that standard deviation; 0 means
+zeros); :class:`NequIP` (Flax linen) and :func:`nequip_haiku` (Haiku) only supply it. So
+both frameworks hold the same parameters under the same names, and give the same energy.
+
+Per interaction block (NequIP, Batzner et al. 2022): a linear layer, the fused
+convolution ``x (x) Y(r_hat)`` with per-edge weights from an MLP of a Bessel radial basis
+times a polynomial cutoff envelope, a linear layer, a gated nonlinearity and a linear
+self-connection. Per-atom energies are a linear readout plus a per-species shift; forces are
+minus the gradient of the energy with respect to the positions (:func:`energy_and_forces`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import e3nn_jax as e3nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..atoms import edge_vectors
+from ..graph import Graph
+from ..tensor_product import TensorProduct, channelwise
+
+
+@dataclasses.dataclass(frozen=True)
+class NequIPConfig:
+    """Hyper-parameters. ``species``: the atomic numbers the model knows, in index order."""
+
+    species: tuple[int, ...] = (13, 28, 29, 46, 47, 78, 79)  # Al Ni Cu Pd Ag Pt Au (EMT's metals)
+    cutoff: float = 4.5
+    hidden: str = "32x0e+8x1o+4x2e"
+    sh_lmax: int = 2
+    num_layers: int = 2
+    num_basis: int = 8
+    radial_hidden: int = 16
+    avg_num_neighbors: float = 30.0
+    energy_scale: float = 1.0
+    backend: str | None = None  # jequi backend for the convolutions (default: fastest)
+
+    def species_index(self, numbers) -> np.ndarray:
+        """Atomic numbers -> indices into :attr:`species` (ValueError for unknown elements)."""
+        numbers = np.asarray(numbers)
+        lookup = {z: i for i, z in enumerate(self.species)}
+        unknown = sorted(set(numbers.tolist()) - set(lookup))
+        if unknown:
+            raise ValueError(f"elements {unknown} are not in the model's species {self.species}")
+        return np.array([lookup[z] for z in numbers.tolist()], np.int32)
+
+
+@functools.lru_cache(maxsize=64)
+def _conv_tp(irreps_x: str, irreps_sh: str, filter_out: str) -> TensorProduct:
+    return channelwise(irreps_x, irreps_sh, filter_out)
+
+
+def _linear(param, name: str, x: e3nn.IrrepsArray, irreps_out) -> e3nn.IrrepsArray:
+    """e3nn-jax's equivariant linear layer with this model's parameters."""
+    lin = e3nn.FunctionalLinear(x.irreps, e3nn.Irreps(irreps_out))
+    ws = [param(f"{name}.w{i}", ins.path_shape, ins.weight_std) for i, ins in enumerate(lin.instructions)]
+    return jax.vmap(lambda v: lin(ws, v))(x)
+
+
+def _mlp(param, name: str, x, sizes):
+    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+        x = x @ param(f"{name}.w{i}", (a, b), 1.0) / np.sqrt(a)
+        if i < len(sizes) - 2:
+            x = jax.nn.silu(x)
+    return x
+
+
+def atomic_energies(param, config: NequIPConfig, species, positions, graph: Graph, cell=None):
+    """Per-atom energies ``(N,)`` of one structure or of several batched into one graph.
+
+    ``species``: indices into ``config.species`` ``(N,)``; ``positions`` ``(N, 3)`` in Å;
+    ``graph``: the radius graph (:func:`jequi.graph_from_atoms` or
+    :func:`jequi.models.data.batch`); ``cell``: ``(3, 3)`` for periodic shifts (or None).
+    """
+    hidden = e3nn.Irreps(config.hidden)
+    sh_irreps = e3nn.Irreps.spherical_harmonics(config.sh_lmax)
+    valid = graph.receivers < graph.num_nodes
+    vectors = edge_vectors(graph, positions, cell)
+    vectors = jnp.where(valid[:, None], vectors, jnp.array([config.cutoff, 0.0, 0.0], vectors.dtype))
+    r = jnp.sqrt(jnp.sum(vectors**2, axis=-1))
+    sh = e3nn.spherical_harmonics(sh_irreps, vectors, normalize=True, normalization="component")
+    envelope = e3nn.poly_envelope(5, 2)(r / config.cutoff)
+    radial = e3nn.bessel(r, config.num_basis, config.cutoff) * envelope[:, None]
+
+    onehot = jax.nn.one_hot(species, len(config.species), dtype=positions.dtype)
+    h = e3nn.IrrepsArray(f"{hidden.count('0e')}x0e", onehot @ param("embed", (len(config.species), hidden.count("0e")), 1.0))
+    for layer in range(config.num_layers):
+        x = _linear(param, f"layer{layer}.up", h, h.irreps)
+        tp = _conv_tp(str(x.irreps), str(sh_irreps), str(hidden))
+        weights = _mlp(param, f"layer{layer}.radial", radial, (config.num_basis, config.radial_hidden, tp.weight_numel))
+        message = tp.conv(x, sh, weights, graph, backend=config.backend) / np.sqrt(config.avg_num_neighbors)
+        gated = hidden.filter(drop=["0e", "0o"])
+        gate_irreps = e3nn.Irreps(f"{hidden.count('0e') + gated.num_irreps}x0e") + gated
+        update = e3nn.gate(_linear(param, f"layer{layer}.down", message, gate_irreps))
+        h = update + _linear(param, f"layer{layer}.self", h, update.irreps)
+    energies = _linear(param, "readout", h, "0e").array[:, 0] * config.energy_scale
+    return energies + param("species_shift", (len(config.species),), 0.0)[species]
+
+
+def energy_and_forces(energy_fn, positions, *args):
+    """``(E, F)`` with ``F = -dE/dpositions`` for a scalar ``energy_fn(positions, *args)``."""
+    energy, grad = jax.value_and_grad(energy_fn)(positions, *args)
+    return energy, -grad
+
+
+# --- frameworks ------------------------------------------------------------------------------
+def _normal_init(std):
+    return lambda key, shape, dtype=jnp.float32: std * jax.random.normal(key, shape, dtype)
+
+
+try:
+    import flax.linen as nn
+except ImportError:  # pragma: no cover - flax is an optional dependency
+    nn = None
+
+if nn is not None:
+
+    class NequIP(nn.Module):
+        """The model in Flax linen: ``apply(params, species, positions, graph, cell) -> (N,)``."""
+
+        config: NequIPConfig = NequIPConfig()
+
+        @nn.compact
+        def __call__(self, species, positions, graph, cell=None):
+            def param(name, shape, std):
+                return self.param(name, _normal_init(std), shape, positions.dtype)
+
+            return atomic_energies(param, self.config, species, positions, graph, cell)
+
+
+def nequip_haiku(config: NequIPConfig = NequIPConfig()):
+    """The model in Haiku: ``hk.transform``-ed ``(species, positions, graph, cell) -> (N,)``.
+
+    Its parameters are ``{"nequip": {name: array}}`` with the linen model's names:
+    ``{"nequip": linen_params["params"]}`` runs it with the linen model's parameters.
+    """
+    import haiku as hk
+
+    def fn(species, positions, graph, cell=None):
+        with hk.experimental.name_scope("nequip"):
+
+            def param(name, shape, std):
+                return hk.get_parameter(name, shape, positions.dtype, init=lambda s, d: _normal_init(std)(hk.next_rng_key(), s, d))
+
+            return atomic_energies(param, config, species, positions, graph, cell)
+
+    return hk.without_apply_rng(hk.transform(fn))

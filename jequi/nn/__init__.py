@@ -1,0 +1,14 @@
+"""Neural-network layers around jequi's tensor product and fused convolution.
+
+One module per framework, imported on demand (each needs its framework installed):
+
+* :mod:`jequi.nn.linen` - Flax linen modules,
+* :mod:`jequi.nn.nnx` - Flax nnx modules,
+* :mod:`jequi.nn.haiku` - Haiku modules.
+
+Each offers ``TensorProduct`` and ``Conv``: the weights are either internal (one shared
+weight vector, a parameter initialised like e3nn-jax's: normal with ``tp.weight_std``) or
+passed at call time (e.g. per-edge weights from a radial MLP). Inputs may be
+``e3nn_jax.IrrepsArray`` or plain arrays; ``backend`` selects the kernels like the ops do
+(default: the fastest available).
+"""

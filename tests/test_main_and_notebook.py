@@ -1,0 +1,47 @@
+"""The README's main job (``python -m jequi``) and the quickstart notebook run end to end."""
+
+import pathlib
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+import jequi.__main__ as main_job
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def test_main_job_prints_energy_forces_and_timing(capsys):
+    main_job.main([])
+    out = capsys.readouterr().out
+    for text in ("energy:", "forces (eV/A)", "EMT reference", "timing:", "jequi backend"):
+        assert text in out, out
+
+
+def test_main_job_trains_and_reads_structure_files(tmp_path, capsys):
+    import ase.io
+
+    path = tmp_path / "cluster.xyz"
+    from ase.cluster import Icosahedron
+
+    ase.io.write(path, Icosahedron("Pt", 2))
+    main_job.main(["--train", "--steps", "4", "--structure", str(path)])
+    out = capsys.readouterr().out
+    assert "trained in" in out and "Pt13" in out
+
+
+def test_unknown_elements_are_reported(tmp_path):
+    import ase.io
+    from ase.build import molecule
+
+    path = tmp_path / "water.xyz"
+    ase.io.write(path, molecule("H2O"))
+    with pytest.raises(ValueError, match="not in the model's species"):
+        main_job.main(["--structure", str(path)])
+
+
+def test_quickstart_notebook_executes():
+    nb = nbformat.read(ROOT / "notebooks" / "quickstart.ipynb", as_version=4)
+    NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}}).execute()
+    outputs = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    assert "force MAE on held-out structures" in outputs

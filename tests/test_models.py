@@ -1,0 +1,136 @@
+"""The NequIP-style model: symmetries, forces vs finite differences, training, frameworks,
+backends, batching."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from ase.build import bulk
+from ase.cluster import Icosahedron
+from conftest import assert_close
+from scipy.spatial.transform import Rotation
+
+import jequi
+from jequi.models import NequIP, NequIPConfig, data, nequip_haiku
+from jequi.models.train import errors, make_batches
+
+CONFIG = NequIPConfig(hidden="4x0e+2x1o+2x2e", num_basis=4, radial_hidden=8, cutoff=3.8)
+
+
+def crystal():
+    atoms = bulk("Cu", "fcc", a=3.6, cubic=True)
+    atoms.numbers[[1, 2]] = 79
+    atoms.rattle(0.1, seed=1)
+    return atoms
+
+
+def cluster():
+    atoms = Icosahedron("Ni", 2)
+    atoms.numbers[:4] = 47
+    atoms.rattle(0.05, seed=2)
+    return atoms
+
+
+@functools.lru_cache
+def params():
+    atoms = crystal()
+    g = jequi.graph_from_atoms(atoms, CONFIG.cutoff)
+    p = NequIP(CONFIG).init(jax.random.key(0), CONFIG.species_index(atoms.numbers), jnp.asarray(atoms.positions), g, jnp.asarray(atoms.cell.array))
+    return jax.tree.map(lambda a: a + 0.1, p)  # nonzero shifts, nothing special about init
+
+
+def energy_forces(atoms, config=CONFIG):
+    g = jequi.graph_from_atoms(atoms, config.cutoff)
+    species, cell = config.species_index(atoms.numbers), jnp.asarray(atoms.cell.array)
+
+    def energy(positions):
+        return NequIP(config).apply(params(), species, positions, g, cell).sum()
+
+    e, grad = jax.value_and_grad(energy)(jnp.asarray(atoms.positions))
+    return float(e), -np.asarray(grad)
+
+
+@pytest.mark.parametrize("make", [crystal, cluster])
+def test_rotation_translation_permutation(make):
+    atoms = make()
+    e, f = energy_forces(atoms)
+    rot = Rotation.random(random_state=3).as_matrix()
+    moved = atoms.copy()
+    moved.positions = atoms.positions @ rot.T + np.array([0.3, -1.1, 2.0])
+    moved.set_cell(atoms.cell.array @ rot.T if atoms.pbc.any() else atoms.cell)
+    e2, f2 = energy_forces(moved)
+    assert abs(e2 - e) < 1e-9 * max(1, abs(e))
+    assert_close(f2, f @ rot.T, 1e-9)
+    perm = np.random.default_rng(4).permutation(len(atoms))
+    e3, f3 = energy_forces(atoms[perm])
+    assert abs(e3 - e) < 1e-9 * max(1, abs(e))
+    assert_close(f3, f[perm], 1e-9)
+
+
+def test_forces_equal_finite_differences():
+    atoms = crystal()
+    _, f = energy_forces(atoms)
+    h = 1e-5
+    for i, k in [(0, 0), (3, 2), (2, 1)]:
+        plus, minus = atoms.copy(), atoms.copy()
+        plus.positions[i, k] += h
+        minus.positions[i, k] -= h
+        fd = -(energy_forces(plus)[0] - energy_forces(minus)[0]) / (2 * h)
+        assert abs(fd - f[i, k]) < 1e-6 * max(1.0, abs(f[i, k])), (fd, f[i, k])
+
+
+def test_haiku_and_flax_give_the_same_energy():
+    atoms = crystal()
+    g = jequi.graph_from_atoms(atoms, CONFIG.cutoff)
+    args = (CONFIG.species_index(atoms.numbers), jnp.asarray(atoms.positions), g, jnp.asarray(atoms.cell.array))
+    model = nequip_haiku(CONFIG)
+    hk_params = model.init(jax.random.key(0), *args)
+    assert jax.tree.structure(hk_params["nequip"]) == jax.tree.structure(dict(params()["params"]))
+    assert_close(model.apply({"nequip": params()["params"]}, *args), NequIP(CONFIG).apply(params(), *args), 0)
+
+
+def test_pallas_forces_equal_xla_forces():
+    atoms = crystal()
+    pallas = NequIPConfig(**{**CONFIG.__dict__, "backend": "pallas"})
+    e_x, f_x = energy_forces(atoms, NequIPConfig(**{**CONFIG.__dict__, "backend": "xla"}))
+    e_p, f_p = energy_forces(atoms, pallas)
+    assert abs(e_x - e_p) < 1e-10
+    assert_close(f_p, f_x, 1e-10)
+
+
+def test_one_training_step_lowers_the_loss():
+    import optax
+
+    structures = data.emt_dataset(4, seed=5)
+    (b,) = make_batches(structures, CONFIG, 4)
+    p = params()
+    loss = jax.jit(lambda p: errors(p, CONFIG, b)[0])
+    grads = jax.grad(lambda p: errors(p, CONFIG, b)[0])(p)
+    opt = optax.sgd(1e-3)
+    updates, _ = opt.update(grads, opt.init(p))
+    assert float(loss(optax.apply_updates(p, updates))) < float(loss(p))
+
+
+def test_padded_batch_and_vmap_match_single_structures():
+    structures = data.emt_dataset(3, seed=6)
+    singles = []
+    for s in structures:
+        e, _ = energy_forces(s.to_atoms())
+        singles.append(e)
+    b = data.batch(structures, CONFIG, n_node=120, n_edge=6000)
+    per_atom = NequIP(CONFIG).apply(params(), b.species, b.positions, b.graph, b.cell)
+    energies = jax.ops.segment_sum(jnp.where(b.node_mask, per_atom, 0), b.node_graph, 4)[:3]
+    assert_close(energies, np.array(singles), 1e-10)
+    # vmap over equal-size (padded) structures
+    one = [data.batch([s], CONFIG, n_node=40, n_edge=2000) for s in structures]
+    stacked = jax.tree.map(lambda *a: jnp.stack(a), *one)
+    apply = jax.vmap(lambda b: NequIP(CONFIG).apply(params(), b.species, b.positions, b.graph, b.cell))
+    got = jnp.sum(jnp.where(stacked.node_mask, apply(stacked), 0), axis=1)
+    assert_close(got, np.array(singles), 1e-10)
+
+
+def test_unknown_element_is_a_clear_error():
+    with pytest.raises(ValueError, match=r"elements \[8\] are not in the model's species"):
+        CONFIG.species_index([29, 8])
