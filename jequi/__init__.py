@@ -5,6 +5,9 @@
 >>> z = tp(x, y, w)                                   # e3nn-jax's numbers, any backend
 >>> graph = jequi.Graph.build(senders, receivers, num_nodes)   # once per structure
 >>> out = tp.conv(x, y, w, graph)
+
+Layers for Flax (linen, nnx) and Haiku: :mod:`jequi.nn`; a NequIP-style potential, its
+training and a shipped model: :mod:`jequi.models`.
 """
 
 from . import problems
