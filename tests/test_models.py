@@ -100,6 +100,16 @@ def test_pallas_forces_equal_xla_forces():
     assert_close(f_p, f_x, 1e-10)
 
 
+def test_e3nn_baseline_convolution_gives_the_same_model():
+    atoms = crystal()
+    e_j, f_j = energy_forces(atoms)
+    e_e, f_e = energy_forces(atoms, NequIPConfig(**{**CONFIG.__dict__, "conv": "e3nn"}))
+    assert abs(e_j - e_e) < 1e-10
+    assert_close(f_e, f_j, 1e-10)
+    with pytest.raises(ValueError, match="conv must be"):
+        energy_forces(atoms, NequIPConfig(**{**CONFIG.__dict__, "conv": "torch"}))
+
+
 def test_one_training_step_lowers_the_loss():
     import optax
 
@@ -117,8 +127,10 @@ def test_padded_batch_and_vmap_match_single_structures():
     structures = data.emt_dataset(3, seed=6)
     singles = []
     for s in structures:
-        e, _ = energy_forces(s.to_atoms())
-        singles.append(e)
+        atoms = s.to_atoms()
+        g = jequi.graph_from_atoms(atoms, CONFIG.cutoff)
+        species, cell = CONFIG.species_index(atoms.numbers), jnp.asarray(atoms.cell.array)
+        singles.append(float(NequIP(CONFIG).apply(params(), species, jnp.asarray(atoms.positions), g, cell).sum()))
     b = data.batch(structures, CONFIG, n_node=120, n_edge=6000)
     per_atom = NequIP(CONFIG).apply(params(), b.species, b.positions, b.graph, b.cell)
     energies = jax.ops.segment_sum(jnp.where(b.node_mask, per_atom, 0), b.node_graph, 4)[:3]

@@ -41,6 +41,7 @@ class NequIPConfig:
     avg_num_neighbors: float = 30.0
     energy_scale: float = 1.0
     backend: str | None = None  # jequi backend for the convolutions (default: fastest)
+    conv: str = "jequi"  # "jequi" (fused tp.conv) or "e3nn" (gather, e3nn-jax product, segment_sum: a baseline)
 
     def species_index(self, numbers) -> np.ndarray:
         """Atomic numbers -> indices into :attr:`species` (ValueError for unknown elements)."""
@@ -72,6 +73,18 @@ def _mlp(param, name: str, x, sizes):
     return x
 
 
+def _convolve(config: NequIPConfig, tp: TensorProduct, x, sh, weights, graph: Graph):
+    if config.conv == "jequi":
+        return tp.conv(x, sh, weights, graph, backend=config.backend)
+    if config.conv == "e3nn":  # what jequi replaces: an |E| x out.dim buffer and a scatter
+        from e3nn_jax.legacy import FunctionalTensorProduct
+
+        f = FunctionalTensorProduct(tp.irreps_in1, tp.irreps_in2, tp.irreps_out, list(tp.instructions))
+        z = jax.vmap(f.left_right)(weights, x[graph.senders], sh)
+        return e3nn.IrrepsArray(tp.irreps_out, jax.ops.segment_sum(z.array, graph.receivers, num_segments=graph.num_nodes))
+    raise ValueError(f"conv must be 'jequi' or 'e3nn', got {config.conv!r}")
+
+
 def atomic_energies(param, config: NequIPConfig, species, positions, graph: Graph, cell=None):
     """Per-atom energies ``(N,)`` of one structure or of several batched into one graph.
 
@@ -95,7 +108,7 @@ def atomic_energies(param, config: NequIPConfig, species, positions, graph: Grap
         x = _linear(param, f"layer{layer}.up", h, h.irreps)
         tp = _conv_tp(str(x.irreps), str(sh_irreps), str(hidden))
         weights = _mlp(param, f"layer{layer}.radial", radial, (config.num_basis, config.radial_hidden, tp.weight_numel))
-        message = tp.conv(x, sh, weights, graph, backend=config.backend) / np.sqrt(config.avg_num_neighbors)
+        message = _convolve(config, tp, x, sh, weights, graph) / np.sqrt(config.avg_num_neighbors)
         gated = hidden.filter(drop=["0e", "0o"])
         gate_irreps = e3nn.Irreps(f"{hidden.count('0e') + gated.num_irreps}x0e") + gated
         update = e3nn.gate(_linear(param, f"layer{layer}.down", message, gate_irreps))

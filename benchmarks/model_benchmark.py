@@ -1,0 +1,107 @@
+"""The NequIP-style model on the GPU: a few minutes of training, held-out errors, and one
+training step and one inference step timed with jequi's fused conv vs the same model on
+e3nn-jax (gather, product, segment_sum). Device tool, from the repo root:
+
+    source .peers/setup_peers.sh && python3 benchmarks/model_benchmark.py --train-seconds 180
+
+Writes ``<date>-<device>-model.{json,md}`` into --out (and $OUT).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import pathlib
+import re
+import shutil
+import statistics
+import time
+
+import jax
+
+import jequi
+from jequi.models import NequIPConfig, data
+from jequi.models.train import errors, evaluate, make_batches, predict, train
+
+
+def timed(fn, *args, repeat=5, calls=5):
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    compile_s = time.perf_counter() - t0
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            out = fn(*args)
+        jax.block_until_ready(out)
+        times.append((time.perf_counter() - t0) / calls)
+    return 1e3 * statistics.median(times), compile_s
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--train-structures", type=int, default=2000)
+    ap.add_argument("--val-structures", type=int, default=200)
+    ap.add_argument("--train-seconds", type=float, default=180.0)
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--hidden", default="64x0e+32x1o+16x2e")
+    ap.add_argument("--out", default=str(pathlib.Path(__file__).resolve().parent / "results"))
+    a = ap.parse_args()
+    dev = jax.devices()[0]
+    base = NequIPConfig(hidden=a.hidden)
+    train_set = data.emt_dataset(a.train_structures, seed=1)
+    val_set = data.emt_dataset(a.val_structures, seed=2)
+    batches = make_batches(train_set[: a.batch_size * 8], base, a.batch_size)
+    b = batches[0]
+    result = {"date": datetime.date.today().isoformat(), "device": dev.device_kind, "jax": jax.__version__,
+              "hidden": a.hidden, "batch_size": a.batch_size, "batch_nodes": int(b.species.shape[0]),
+              "batch_edges": int(b.graph.num_edges), "timings": {}}
+    print(f"{dev.device_kind}: batch of {a.batch_size} structures = {b.species.shape[0]} nodes, {b.graph.num_edges} edges", flush=True)
+
+    # Timing: the same parameters, three convolution implementations.
+    params, _ = train(base, train_set[: a.batch_size], steps=1, batch_size=a.batch_size, progress=False)
+    variants = {"jequi-" + jequi.default_backend(): base, "jequi-xla": dataclasses.replace(base, backend="xla"),
+                "e3nn": dataclasses.replace(base, conv="e3nn")}
+    for name, config in variants.items():
+        infer = jax.jit(lambda p, b, c=config: predict(p, c, b))
+        grad_step = jax.jit(jax.grad(lambda p, b, c=config: errors(p, c, b)[0]))
+        inf_ms, inf_c = timed(infer, params, b)
+        step_ms, step_c = timed(grad_step, params, b)
+        result["timings"][name] = {"inference_ms": inf_ms, "train_step_ms": step_ms, "compile_s": [inf_c, step_c]}
+        print(f"  {name}: inference (energy+forces) {inf_ms:.2f} ms, training step (loss grad) {step_ms:.2f} ms "
+              f"(compile {inf_c:.1f} / {step_c:.1f} s)", flush=True)
+
+    # Training with jequi's default backend, its step count set from the measured step time.
+    step_ms = result["timings"]["jequi-" + jequi.default_backend()]["train_step_ms"]
+    steps = max(100, int(a.train_seconds / (1.3e-3 * step_ms)))  # + optimizer update and host work
+    t0 = time.perf_counter()
+    params, _ = train(base, train_set, None, steps=steps, batch_size=a.batch_size, progress=False, energy_weight=30.0)
+    m = evaluate(params, base, make_batches(val_set, base, a.batch_size))
+    result["training"] = {"steps": steps, "seconds": time.perf_counter() - t0, "train_structures": a.train_structures,
+                          "val_structures": a.val_structures, "val_energy_mae_meV_per_atom": 1e3 * m["energy_mae"],
+                          "val_force_mae_meV_per_A": 1e3 * m["force_mae"]}
+    print(json.dumps(result["training"]), flush=True)
+
+    stem = f"{result['date']}-{re.sub('[^a-z0-9]+', '-', dev.device_kind.lower()).strip('-')}-model"
+    out = pathlib.Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
+    rows = [f"| {n} | {t['inference_ms']:.2f} | {t['train_step_ms']:.2f} |" for n, t in result["timings"].items()]
+    md = "\n".join([f"# NequIP-style model on {result['device']} ({result['date']})", "",
+                    f"hidden {a.hidden}, batch {a.batch_size} structures ({result['batch_nodes']} nodes, {result['batch_edges']} edges)", "",
+                    "| conv | inference ms | training step ms |", "|---|---|---|", *rows, "",
+                    f"Training: {steps} steps in {result['training']['seconds']:.0f} s; held-out energy MAE "
+                    f"{result['training']['val_energy_mae_meV_per_atom']:.1f} meV/atom, force MAE "
+                    f"{result['training']['val_force_mae_meV_per_A']:.0f} meV/A"]) + "\n"
+    (out / f"{stem}.md").write_text(md)
+    if os.environ.get("OUT"):
+        for f in (out / f"{stem}.json", out / f"{stem}.md"):
+            shutil.copy(f, os.environ["OUT"])
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
