@@ -2,8 +2,9 @@
 
     python3 benchmarks/tune_conv.py [--problems mace-large,nequip-benzene] [--graph carbon]
 
-Knobs (module constants of pallas_kernels.conv): EDGES_PER_STEP (edges per loop step) and
-ACCUMULATORS_PER_THREAD (forward output grouping). Prints fwd and fwd+bwd ms per setting.
+Knobs (module constants): EDGES_PER_STEP (edges per loop step) and ACCUMULATORS_PER_THREAD
+(forward output grouping) of pallas_kernels.conv, BACKWARD_WARPS (warps per backward program,
+0 = as the forward) of pallas_kernels.tensor_product. Prints fwd and fwd+bwd ms per setting.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import structures
 
 import jequi
 import pallas_kernels.conv as conv
+import pallas_kernels.tensor_product as tensor_product
 
 
 def timed(fn, args, repeat=5, calls=5):
@@ -39,6 +41,7 @@ def main():
     ap.add_argument("--graph", default="carbon")
     ap.add_argument("--steps", default="1,2,4")
     ap.add_argument("--accumulators", default="32,64,128")
+    ap.add_argument("--backward-warps", default="0")
     ap.add_argument("--dtype", default="float32")
     a = ap.parse_args()
     build, cutoff = structures.STRUCTURES[a.graph]
@@ -51,8 +54,10 @@ def main():
         keys = jax.random.split(jax.random.key(0), 4)
         n, e = len(atoms), graph.num_edges
         x, y, w, g = (jax.random.normal(k, s, a.dtype) for k, s in zip(keys, [(n, d1), (e, d2), (e, tp.weight_numel), (n, do)]))
-        for steps, acc in itertools.product(map(int, a.steps.split(",")), map(int, a.accumulators.split(","))):
+        knobs = itertools.product(*(map(int, v.split(",")) for v in (a.steps, a.accumulators, a.backward_warps)))
+        for steps, acc, warps in knobs:
             conv.EDGES_PER_STEP, conv.ACCUMULATORS_PER_THREAD = steps, acc
+            tensor_product.BACKWARD_WARPS = warps or None
             jax.clear_caches()
             fwd = jax.jit(lambda x, y, w: tp.conv(x, y, w, graph, backend="pallas"))
             both = jax.jit(jax.value_and_grad(lambda x, y, w: jnp.vdot(tp.conv(x, y, w, graph, backend="pallas"), g), (0, 1, 2)))
@@ -60,7 +65,7 @@ def main():
             jax.block_until_ready(both(x, y, w))
             compile_s = time.perf_counter() - t0
             groups = len(conv.output_groups(tp.descriptor.trilinear))
-            print(f"{name} {a.dtype} steps={steps} acc/thread={acc} (fwd groups {groups}): fwd {timed(fwd, (x, y, w)):.3f} ms, "
+            print(f"{name} {a.dtype} steps={steps} acc/thread={acc} bwd warps={warps or 'fwd'} (fwd groups {groups}): fwd {timed(fwd, (x, y, w)):.3f} ms, "
                   f"fwd+bwd {timed(both, (x, y, w)):.3f} ms (compile {compile_s:.1f} s)", flush=True)
 
 

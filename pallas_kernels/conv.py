@@ -222,7 +222,7 @@ def conv_backward(desc, x, y, w, gout, sender_receivers, sender_order, sender_of
         jax.ShapeDtypeStruct((num_edges * nw,), dtype),
     ]
     gx, gy, gw = pallas_call(
-        kernel, shapes, (num_senders + 1, len(groups)), num_warps(desc), name="jequi_conv_bwd"
+        kernel, shapes, (num_senders + 1, len(groups)), num_warps(desc, backward=True), name="jequi_conv_bwd"
     )(x.reshape(-1), y.reshape(-1), w.reshape(-1), gout.reshape(-1), sender_receivers, sender_order, sender_offsets)
     gw = gw.reshape(num_edges, nw)
     gy = gy.reshape(len(groups), num_edges, d2).sum(0)

@@ -314,9 +314,17 @@ def _rows_per_program(n: int) -> int:
     return 8 if n >= 8 * 1024 else 1
 
 
-def num_warps(desc) -> int:
+# Warps per backward program; None: as the forward. The backward's cross-lane sums (gy of
+# uv* modes) cross warps through shared memory with a barrier each; one warp keeps them in
+# shuffles at the price of more registers per thread. A knob for benchmarks/tune_conv.py.
+BACKWARD_WARPS: int | None = None
+
+
+def num_warps(desc, backward: bool = False) -> int:
     """One thread per lane of the widest channel chunk (4 warps for 128 channels, 1 for 32):
     narrower problems then run more programs per SM instead of idling threads."""
+    if backward and BACKWARD_WARPS is not None:
+        return BACKWARD_WARPS
     widest = max((size for s in (*desc.in1, *desc.out) for _, size in chunks(s.mul)), default=32)
     return max(1, min(4, widest // 32))
 
@@ -370,7 +378,7 @@ def backward(desc, x, y, w, gz):
         rows_loop(n, rpp, row)
 
     shapes = [jax.ShapeDtypeStruct((n * d,), dtype) for d in (d1, d2, nw)]
-    gx, gy, gw = pallas_call(kernel, shapes, (pl.cdiv(n, rpp),), num_warps(desc), name="jequi_tp_bwd")(
+    gx, gy, gw = pallas_call(kernel, shapes, (pl.cdiv(n, rpp),), num_warps(desc, backward=True), name="jequi_tp_bwd")(
         x.reshape(-1), y.reshape(-1), w.reshape(-1), gz.reshape(-1)
     )
     gw = gw.reshape(n, nw)
