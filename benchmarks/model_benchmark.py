@@ -17,28 +17,14 @@ import os
 import pathlib
 import re
 import shutil
-import statistics
 import time
 
 import jax
+from timing import timed
 
 import jequi
 from jequi.models import NequIPConfig, data
 from jequi.models.train import errors, evaluate, make_batches, predict, train
-
-
-def timed(fn, *args, repeat=5, calls=5):
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    compile_s = time.perf_counter() - t0
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            out = fn(*args)
-        jax.block_until_ready(out)
-        times.append((time.perf_counter() - t0) / calls)
-    return 1e3 * statistics.median(times), compile_s
 
 
 def main():
@@ -68,8 +54,8 @@ def main():
     for name, config in variants.items():
         infer = jax.jit(lambda p, b, c=config: predict(p, c, b))
         grad_step = jax.jit(jax.grad(lambda p, b, c=config: errors(p, c, b)[0]))
-        inf_ms, inf_c = timed(infer, params, b)
-        step_ms, step_c = timed(grad_step, params, b)
+        inf_ms, inf_c = timed(infer, (params, b))
+        step_ms, step_c = timed(grad_step, (params, b))
         result["timings"][name] = {"inference_ms": inf_ms, "train_step_ms": step_ms, "compile_s": [inf_c, step_c]}
         print(f"  {name}: inference (energy+forces) {inf_ms:.2f} ms, training step (loss grad) {step_ms:.2f} ms "
               f"(compile {inf_c:.1f} / {step_c:.1f} s)", flush=True)

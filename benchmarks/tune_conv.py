@@ -11,28 +11,15 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import statistics
-import time
 
 import jax
 import jax.numpy as jnp
 import structures
+from timing import timed
 
 import jequi
 import pallas_kernels.conv as conv
 import pallas_kernels.tensor_product as tensor_product
-
-
-def timed(fn, args, repeat=5, calls=5):
-    jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            out = fn(*args)
-        jax.block_until_ready(out)
-        times.append((time.perf_counter() - t0) / calls)
-    return 1e3 * statistics.median(times)
 
 
 def main():
@@ -61,12 +48,10 @@ def main():
             jax.clear_caches()
             fwd = jax.jit(lambda x, y, w: tp.conv(x, y, w, graph, backend="pallas"))
             both = jax.jit(jax.value_and_grad(lambda x, y, w: jnp.vdot(tp.conv(x, y, w, graph, backend="pallas"), g), (0, 1, 2)))
-            t0 = time.perf_counter()
-            jax.block_until_ready(both(x, y, w))
-            compile_s = time.perf_counter() - t0
+            both_ms, compile_s = timed(both, (x, y, w))
             groups = len(conv.output_groups(tp.descriptor.trilinear))
-            print(f"{name} {a.dtype} steps={steps} acc/thread={acc} bwd warps={warps or 'fwd'} (fwd groups {groups}): fwd {timed(fwd, (x, y, w)):.3f} ms, "
-                  f"fwd+bwd {timed(both, (x, y, w)):.3f} ms (compile {compile_s:.1f} s)", flush=True)
+            print(f"{name} {a.dtype} steps={steps} acc/thread={acc} bwd warps={warps or 'fwd'} (fwd groups {groups}): "
+                  f"fwd {timed(fwd, (x, y, w))[0]:.3f} ms, fwd+bwd {both_ms:.3f} ms (compile {compile_s:.1f} s)", flush=True)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jequi
-from jequi.models import NequIP, NequIPConfig, data, pretrained
+from jequi.models import NequIP, NequIPConfig, data, energy_and_forces, pretrained
 
 
 def default_structure():
@@ -89,11 +89,10 @@ def main(argv=None):
     model = NequIP(config)
 
     @jax.jit
-    def energy_and_forces(positions):
-        energy, grad = jax.value_and_grad(lambda p: model.apply(params, species, p, graph, cell).sum())(positions)
-        return energy, -grad
+    def energy_forces(positions):
+        return energy_and_forces(lambda p: model.apply(params, species, p, graph, cell).sum(), positions)
 
-    (energy, forces), first_s, call_s = timed(energy_and_forces, positions)
+    (energy, forces), first_s, call_s = timed(energy_forces, positions)
     forces = np.asarray(forces)
     print(f"structure: {source}: {atoms.get_chemical_formula()}, {len(atoms)} atoms, pbc={atoms.pbc.tolist()}")
     print(f"model: NequIP-style, {config.num_layers} layers, hidden {config.hidden}, cutoff {config.cutoff} A, "

@@ -114,15 +114,21 @@ class Batch:
     forces: jnp.ndarray  # (n_node, 3)
 
 
+def radius_graphs(structures: list[Structure], cutoff: float) -> list[Graph]:
+    """Each structure's :func:`~jequi.graph_from_atoms` graph."""
+    return [graph_from_atoms(s.to_atoms(), cutoff) for s in structures]
+
+
 def batch(
-    structures: list[Structure], config, n_node: int | None = None, n_edge: int | None = None
+    structures: list[Structure], config, n_node: int | None = None, n_edge: int | None = None, graphs=None
 ) -> Batch:
     """Concatenate `structures` into one padded graph of `n_node` nodes and `n_edge` edges
-    (default: exactly what they need), for a model with `config` (cutoff and species)."""
-    cutoff = config.cutoff
+    (default: exactly what they need), for a model with `config` (cutoff and species).
+    `graphs`: their :func:`radius_graphs` at ``config.cutoff``, when already built."""
+    if graphs is None:
+        graphs = radius_graphs(structures, config.cutoff)
     senders, receivers, shifts, offset = [], [], [], 0
-    for s in structures:
-        g = graph_from_atoms(s.to_atoms(), cutoff)
+    for s, g in zip(structures, graphs):
         senders.append(np.asarray(g.senders) + offset)
         receivers.append(np.asarray(g.receivers) + offset)
         shifts.append(np.asarray(g.shifts) @ s.cell)

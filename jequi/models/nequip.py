@@ -18,6 +18,7 @@ import dataclasses
 import functools
 
 import e3nn_jax as e3nn
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -128,24 +129,17 @@ def _normal_init(std):
     return lambda key, shape, dtype=jnp.float32: std * jax.random.normal(key, shape, dtype)
 
 
-try:
-    import flax.linen as nn
-except ImportError:  # pragma: no cover - flax is an optional dependency
-    nn = None
+class NequIP(nn.Module):
+    """The model in Flax linen: ``apply(params, species, positions, graph, cell) -> (N,)``."""
 
-if nn is not None:
+    config: NequIPConfig = NequIPConfig()
 
-    class NequIP(nn.Module):
-        """The model in Flax linen: ``apply(params, species, positions, graph, cell) -> (N,)``."""
+    @nn.compact
+    def __call__(self, species, positions, graph, cell=None):
+        def param(name, shape, std):
+            return self.param(name, _normal_init(std), shape, positions.dtype)
 
-        config: NequIPConfig = NequIPConfig()
-
-        @nn.compact
-        def __call__(self, species, positions, graph, cell=None):
-            def param(name, shape, std):
-                return self.param(name, _normal_init(std), shape, positions.dtype)
-
-            return atomic_energies(param, self.config, species, positions, graph, cell)
+        return atomic_energies(param, self.config, species, positions, graph, cell)
 
 
 def nequip_haiku(config: NequIPConfig = NequIPConfig()):

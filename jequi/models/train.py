@@ -7,13 +7,14 @@ derivative of every convolution, which jequi evaluates with the seven-op rule.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .data import Batch, Structure, batch
+from .data import Batch, Structure, batch, radius_graphs
 from .nequip import NequIP, NequIPConfig
 
 
@@ -50,11 +51,14 @@ def fit_species_shift(config: NequIPConfig, structures: list[Structure]) -> np.n
 
 def make_batches(structures, config, batch_size: int):
     """Fixed-size padded batches (one shape: one compilation)."""
-    chunks = [structures[i : i + batch_size] for i in range(0, len(structures), batch_size)]
+    graphs = radius_graphs(structures, config.cutoff)
     atoms = max(len(s.numbers) for s in structures)
-    first = [batch([s], config) for s in structures]
-    edges = max(b.graph.num_edges for b in first)
-    return [batch(c, config, batch_size * atoms, batch_size * edges) for c in chunks]
+    edges = max(g.num_edges for g in graphs)
+    starts = range(0, len(structures), batch_size)
+    return [
+        batch(structures[i : i + batch_size], config, batch_size * atoms, batch_size * edges, graphs[i : i + batch_size])
+        for i in starts
+    ]
 
 
 @dataclasses.dataclass
@@ -66,14 +70,19 @@ class History:
     val_step: list = dataclasses.field(default_factory=list)
     val_energy_mae: list = dataclasses.field(default_factory=list)  # eV/atom
     val_force_mae: list = dataclasses.field(default_factory=list)  # eV/Å
+    seconds: float = 0.0  # wall time of the training loop
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _metrics(params, config, b: Batch) -> dict:
+    return errors(params, config, b)[1]
 
 
 def evaluate(params, config, batches) -> dict:
     """Energy MAE (eV/atom) and force MAE (eV/Å) over batches, weighted by size."""
-    fn = jax.jit(lambda p, b: errors(p, config, b)[1])
     e = f = atoms = graphs = 0.0
     for b in batches:
-        m = fn(params, b)
+        m = _metrics(params, config, b)
         k, n = float(b.num_atoms.shape[0]), float(jnp.sum(b.node_mask))
         e, f, graphs, atoms = e + float(m["energy_mae"]) * k, f + float(m["force_mae"]) * n, graphs + k, atoms + n
     return {"energy_mae": e / graphs, "force_mae": f / atoms}
