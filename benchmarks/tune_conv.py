@@ -1,10 +1,14 @@
-"""Sweep the Pallas conv kernels' schedule knobs on a real graph (GPU run, device tool).
+"""Sweep the Pallas kernels' schedule knobs on a real graph (GPU run, device tool).
 
-    python3 benchmarks/tune_conv.py [--problems mace-large,nequip-benzene] [--graph carbon]
+    python3 benchmarks/tune_conv.py [--problems mace-large] [--graph carbon] [--tp-batch 50000]
+        [--no-conv] [--steps 1,2,4] [--accumulators 32,64,128] [--backward-warps auto,1,2,4]
+        [--lane-sums element,tile]
 
-Knobs (module constants): EDGES_PER_STEP (edges per loop step) and ACCUMULATORS_PER_THREAD
-(forward output grouping) of pallas_kernels.conv, BACKWARD_WARPS (warps per backward program,
-0 = as the forward) of pallas_kernels.tensor_product. Prints fwd and fwd+bwd ms per setting.
+Knobs (module constants): EDGES_PER_STEP (edges per loop step), ACCUMULATORS_PER_THREAD
+(forward output grouping) of pallas_kernels.conv; BACKWARD_WARPS (warps per backward
+program, auto = num_warps' rule) and LANE_SUMS (gy's cross-lane sums per element or as one
+tile) of pallas_kernels.tensor_product. Prints conv fwd and fwd+bwd ms per setting (unless
+--no-conv), and with --tp-batch the batched product's too.
 """
 
 from __future__ import annotations
@@ -21,15 +25,29 @@ import jequi
 import pallas_kernels.conv as conv
 import pallas_kernels.tensor_product as tensor_product
 
+KNOBS = {  # option -> (module, constant, parse)
+    "steps": (conv, "EDGES_PER_STEP", int),
+    "accumulators": (conv, "ACCUMULATORS_PER_THREAD", int),
+    "backward_warps": (tensor_product, "BACKWARD_WARPS", lambda v: None if v == "auto" else int(v)),
+    "lane_sums": (tensor_product, "LANE_SUMS", str),
+}
+
+
+def fwd_and_both(f, g):
+    """Jitted ``f`` and ``f`` with its gradients (the loss ``<f(x, y, w), g>``)."""
+    return jax.jit(f), jax.jit(jax.value_and_grad(lambda x, y, w: jnp.vdot(f(x, y, w), g), (0, 1, 2)))
+
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--problems", default="mace-large")
     ap.add_argument("--graph", default="carbon")
-    ap.add_argument("--steps", default="1,2,4")
-    ap.add_argument("--accumulators", default="32,64,128")
-    ap.add_argument("--backward-warps", default="0")
     ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--tp-batch", type=int, default=0, help="also time the batched product on this many rows")
+    ap.add_argument("--conv", action=argparse.BooleanOptionalAction, default=True, help="time the conv")
+    defaults = {"steps": "1", "accumulators": "64", "backward_warps": "auto", "lane_sums": "tile"}
+    for name, default in defaults.items():
+        ap.add_argument("--" + name.replace("_", "-"), default=default)
     a = ap.parse_args()
     build, cutoff = structures.STRUCTURES[a.graph]
     atoms = build()
@@ -38,20 +56,25 @@ def main():
     for name in a.problems.split(","):
         tp = jequi.problems.get(name)
         d1, d2, do = tp.descriptor.dims
-        keys = jax.random.split(jax.random.key(0), 4)
-        n, e = len(atoms), graph.num_edges
-        x, y, w, g = (jax.random.normal(k, s, a.dtype) for k, s in zip(keys, [(n, d1), (e, d2), (e, tp.weight_numel), (n, do)]))
-        knobs = itertools.product(*(map(int, v.split(",")) for v in (a.steps, a.accumulators, a.backward_warps)))
-        for steps, acc, warps in knobs:
-            conv.EDGES_PER_STEP, conv.ACCUMULATORS_PER_THREAD = steps, acc
-            tensor_product.BACKWARD_WARPS = warps or None
+        n, e, b = len(atoms), graph.num_edges, a.tp_batch
+        shapes = [(n, d1), (e, d2), (e, tp.weight_numel), (n, do), (b, d1), (b, d2), (b, tp.weight_numel), (b, do)]
+        x, y, w, g, bx, by, bw, bg = (
+            jax.random.normal(k, s, a.dtype) for k, s in zip(jax.random.split(jax.random.key(0), len(shapes)), shapes)
+        )
+        settings = list(itertools.product(*(getattr(a, k).split(",") for k in KNOBS)))
+        for setting in settings:
+            for (module, constant, parse), value in zip(KNOBS.values(), setting):
+                setattr(module, constant, parse(value))
             jax.clear_caches()
-            fwd = jax.jit(lambda x, y, w: tp.conv(x, y, w, graph, backend="pallas"))
-            both = jax.jit(jax.value_and_grad(lambda x, y, w: jnp.vdot(tp.conv(x, y, w, graph, backend="pallas"), g), (0, 1, 2)))
-            both_ms, compile_s = timed(both, (x, y, w))
-            groups = len(conv.output_groups(tp.descriptor.trilinear))
-            print(f"{name} {a.dtype} steps={steps} acc/thread={acc} bwd warps={warps or 'fwd'} (fwd groups {groups}): "
-                  f"fwd {timed(fwd, (x, y, w))[0]:.3f} ms, fwd+bwd {both_ms:.3f} ms (compile {compile_s:.1f} s)", flush=True)
+            line = " ".join(f"{k}={v}" for k, v in zip(KNOBS, setting)) + ":"
+            if a.conv:
+                fwd, both = fwd_and_both(lambda x, y, w: tp.conv(x, y, w, graph, backend="pallas"), g)
+                both_ms, compile_s = timed(both, (x, y, w))
+                line += f" conv fwd {timed(fwd, (x, y, w))[0]:.3f} ms, fwd+bwd {both_ms:.3f} ms (compile {compile_s:.1f} s)"
+            if b:
+                fwd, both = fwd_and_both(lambda x, y, w: tp(x, y, w, backend="pallas"), bg)
+                line += f" tp fwd {timed(fwd, (bx, by, bw))[0]:.3f} ms, fwd+bwd {timed(both, (bx, by, bw))[0]:.3f} ms"
+            print(f"{name} {a.dtype} {line}", flush=True)
 
 
 if __name__ == "__main__":

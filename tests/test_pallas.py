@@ -98,6 +98,54 @@ def test_conv_output_groups_and_determinism(monkeypatch):
     assert all(np.array_equal(a, b) for run in runs[1:] for a, b in zip(runs[0], run))
 
 
+@pytest.fixture
+def fresh_kernels():
+    """Caches cleared on both sides: kernels traced with a test's knob settings are neither
+    reused from nor left to other tests."""
+    jax.clear_caches()
+    yield
+    jax.clear_caches()
+
+
+WIDE = {  # warp-wide channels (gy's lane sums as tiles); 33 = 32 + 1: both widths on one position
+    "uvu-wide": lambda: jequi.channelwise("32x0e+32x1o+33x2e", "0e+1o+2e", "32x0e+32x1o+33x2e"),
+    **PROBLEMS,
+}
+
+
+@pytest.mark.parametrize("name, min_lanes", [("uvu-wide", 32), ("uvu-in2-mul", 1), ("uvw", 1)])
+def test_lane_sums_as_tile(name, min_lanes, fresh_kernels, monkeypatch):
+    """gy's cross-lane sums taken as one tile reduction per run of positions (the default,
+    warp-wide lane vectors only, and down to 1-lane vectors): the TP and conv backward as the
+    reference."""
+    monkeypatch.setattr(pallas_kernels.tensor_product, "TILE_MIN_LANES", min_lanes)
+    tp = WIDE[name]()
+    x, y, w = random_inputs(tp, BATCH)
+    g = np.random.default_rng(2).normal(size=(BATCH, tp.irreps_out.dim))
+    grads = lambda f: jax.grad(lambda *a: jnp.vdot(f(*a), g), argnums=(0, 1, 2))(x, y, w)  # noqa: E731
+    for a, b, what in zip(grads(functools.partial(tp, backend="pallas")), grads(functools.partial(xla.forward, tp.descriptor)), "xyw"):
+        assert_close(a, b, 1e-11, f"d/d{what}")
+    s, r = np.arange(BATCH) % 2, np.arange(BATCH) % 3
+    loss = lambda b: lambda y: jnp.sum(tp.conv(x[:2], y, w, s, r, 3, backend=b) ** 2)  # noqa: E731
+    assert_close(jax.grad(loss("pallas"))(y), jax.grad(loss("xla"))(y), 1e-11, "conv d/dy")
+
+
+def test_backward_warps():
+    """One warp per backward program for channelwise products (gy's lane sums in shuffles);
+    products with uvw tiles keep the forward's warps."""
+    warps = pallas_kernels.tensor_product.num_warps
+    mace, fc = (jequi.problems.get(n).descriptor.trilinear for n in ("mace-large", "tetris-1-lin2"))
+    assert (warps(mace), warps(mace, backward=True)) == (4, 1)
+    assert warps(fc, backward=True) == warps(fc) == 4
+
+
+def test_lane_tile_sum_order():
+    vectors = [jnp.asarray(np.random.default_rng(k).normal(size=32)) for k in range(16)]
+    for n in (1, 2, 4, 16):
+        got = pallas_kernels.tensor_product.lane_tile_sum(vectors[:n])
+        np.testing.assert_allclose(got, [v.sum() for v in vectors[:n]], rtol=1e-12)
+
+
 def test_unsupported_mode_is_a_clear_error():
     tp = jequi.TensorProduct("3x1o", "2x1o", "2x2e", [(0, 0, 0, "uvv", True)])
     x, y, w = random_inputs(tp, 2)

@@ -70,7 +70,12 @@ class History:
     val_step: list = dataclasses.field(default_factory=list)
     val_energy_mae: list = dataclasses.field(default_factory=list)  # eV/atom
     val_force_mae: list = dataclasses.field(default_factory=list)  # eV/Å
+    times: list = dataclasses.field(default_factory=list)  # wall s at each step's end (the first compiles)
     seconds: float = 0.0  # wall time of the training loop
+
+    def seconds_per_step(self) -> float:
+        """Mean wall time of a step after the first (which includes compilation)."""
+        return (self.times[-1] - self.times[0]) / max(1, len(self.times) - 1)
 
 
 @functools.partial(jax.jit, static_argnums=1)
@@ -135,6 +140,7 @@ def train(
         params, opt_state, metrics = step(params, opt_state, batches[queue.pop()])
         history.step.append(i)
         history.loss.append(float(metrics["loss"]))
+        history.times.append(time.perf_counter() - t0)
         bar.set_postfix(loss=f"{history.loss[-1]:.4f}")
         if val_batches and ((i + 1) % eval_every == 0 or i + 1 == steps):
             m = evaluate(params, config, val_batches)
