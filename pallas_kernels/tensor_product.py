@@ -310,6 +310,26 @@ def _input_grads(mode, terms, t, x, h, rows, v, in1, in2, gx, gy):
             gy.add_vec(in2[rows, j], val)
 
 
+def _contract_xg(terms, x, g):
+    """``Q[j] = sum_{i, k} c_ijk x(i) g[k]``, summed first over ``k`` (pairs ``(i, j)``) or
+    over ``i`` (pairs ``(j, k)``), whichever leaves fewer pairs.
+
+    Channelwise backward: with ``Q`` (shared by every ``y`` channel ``v``), ``gw = sum_j
+    y(j) Q[j]`` and ``gy[j] = w Q[j]`` (then summed over channels for ``uvu``), instead of
+    ``c x(i) w g[k]`` per term and an ``a[k]`` for ``gw``: MACE-large's backward row has 881
+    instead of 1,043 vector multiplies (jaxpr count; its forward row has 284)."""
+    by_ij = len({(i, j) for i, j, _, _ in terms}) <= len({(j, k) for _, j, k, _ in terms})
+    partial = {}
+    for i, j, k, c in terms:
+        key, value = ((i, j), c * g[k]) if by_ij else ((j, k), c * x(i))
+        partial[key] = _add(partial.get(key), value)
+    q = {}
+    for (a, b), value in partial.items():
+        j, other = (b, x(a)) if by_ij else (a, g[b])
+        q[j] = _add(q.get(j), other * value)
+    return q
+
+
 def _backward_path(desc, p, rx, ry, rw, rg, gx, gy, store_gw):
     in1, in2 = desc.in1[p.i_in1].index(), desc.in2[p.i_in2].index()
     out = desc.out[p.i_out].index()
@@ -321,6 +341,7 @@ def _backward_path(desc, p, rx, ry, rw, rg, gx, gy, store_gw):
             u = np.arange(c0, c0 + cs)
             x = lambda i: rx.load(in1[c0 : c0 + cs, i])  # noqa: E731
             g = {k: rg.load(out[c0 : c0 + cs, k]) for k in ks}
+            q = _contract_xg(terms, x, g)  # independent of v: shared by the y channels
             for v in range(m2 if p.mode == "uvu" else 1):
                 if p.mode == "uvu":
                     y = lambda j: ry.load(in2[v, j])  # noqa: E731
@@ -328,12 +349,16 @@ def _backward_path(desc, p, rx, ry, rw, rg, gx, gy, store_gw):
                 else:
                     y = lambda j: ry.load(in2[c0 : c0 + cs, j])  # noqa: E731
                     widx = p.weight_offset + u
-                t = _contract_y(terms, y)
-                a = _contract_x(t, x)
-                store_gw(widx, sum((g[k] * a[k] for k in a), start=jnp.zeros((cs,), rx.ref.dtype)))
+                store_gw(widx, sum((y(j) * qj for j, qj in q.items()), start=jnp.zeros((cs,), rx.ref.dtype)))
                 wv = rw.load(widx)
-                h = {k: wv * g[k] for k in ks}
-                _input_grads(p.mode, terms, t, x, h, slice(c0, c0 + cs), v, in1, in2, gx, gy)
+                t = _contract_y(terms, y)
+                for i in sorted({i for i, _ in t}):
+                    gx.add_vec(in1[c0 : c0 + cs, i], wv * sum(g[k] * tv for (i2, k), tv in t.items() if i2 == i))
+                for j, qj in q.items():
+                    if p.mode == "uvu":
+                        gy.add_lanes(in2[v, j], wv * qj)
+                    else:
+                        gy.add_vec(in2[c0 : c0 + cs, j], wv * qj)
         return
     for c0, cs in chunks(mo):
         w = np.arange(c0, c0 + cs)
