@@ -31,4 +31,12 @@ def water_box(per_side: int = 12, seed: int = 0):
     return Atoms(symbols, positions=positions.reshape(-1, 3), cell=[per_side * spacing] * 3, pbc=True)
 
 
-STRUCTURES = {"carbon": (carbon_lattice, 6.0), "water": (water_box, 5.0)}
+def copper_crystal(repeat: int = 5):
+    """fcc copper, a cubic cell (4 atoms, a = 3.615 Å) repeated `repeat`^3 times (500 atoms for
+    5; at jequi.models' 4.5 Å cutoff about as many edges as the model benchmark's batch)."""
+    from ase.build import bulk
+
+    return bulk("Cu", "fcc", a=3.615, cubic=True).repeat((repeat,) * 3)
+
+
+STRUCTURES = {"carbon": (carbon_lattice, 6.0), "water": (water_box, 5.0), "copper": (copper_crystal, 4.5)}

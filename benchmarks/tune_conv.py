@@ -1,14 +1,15 @@
 """Sweep the Pallas kernels' schedule knobs on a real graph (GPU run, device tool).
 
     python3 benchmarks/tune_conv.py [--problems mace-large] [--graph carbon] [--tp-batch 50000]
-        [--no-conv] [--steps 1,2,4] [--accumulators 32,64,128] [--backward-warps auto,1,2,4]
-        [--lane-sums element,tile]
+        [--channelwise IN1:IN2:OUT] [--no-conv] [--steps 1,2,4] [--accumulators 32,64,128]
+        [--forward-warps auto,1,2,4] [--backward-warps auto,1,2,4] [--lane-sums element,tile]
 
 Knobs (module constants): EDGES_PER_STEP (edges per loop step), ACCUMULATORS_PER_THREAD
-(forward output grouping) of pallas_kernels.conv; BACKWARD_WARPS (warps per backward
-program, auto = num_warps' rule) and LANE_SUMS (gy's cross-lane sums per element or as one
+(forward output grouping) of pallas_kernels.conv; FORWARD_WARPS and BACKWARD_WARPS (warps
+per program, auto = num_warps' rule) and LANE_SUMS (gy's cross-lane sums per element or as one
 tile) of pallas_kernels.tensor_product. Prints conv fwd and fwd+bwd ms per setting (unless
---no-conv), and with --tp-batch the batched product's too.
+--no-conv), and with --tp-batch the batched product's too. --channelwise adds a product of
+one's own irreps (jequi.channelwise), e.g. a model's convolution.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import pallas_kernels.tensor_product as tensor_product
 KNOBS = {  # option -> (module, constant, parse)
     "steps": (conv, "EDGES_PER_STEP", int),
     "accumulators": (conv, "ACCUMULATORS_PER_THREAD", int),
+    "forward_warps": (tensor_product, "FORWARD_WARPS", lambda v: None if v == "auto" else int(v)),
     "backward_warps": (tensor_product, "BACKWARD_WARPS", lambda v: None if v == "auto" else int(v)),
     "lane_sums": (tensor_product, "LANE_SUMS", str),
 }
@@ -40,12 +42,13 @@ def fwd_and_both(f, g):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--problems", default="mace-large")
+    ap.add_argument("--problems", default="mace-large", help="comma list of jequi.problems names")
+    ap.add_argument("--channelwise", action="append", default=[], help="IN1:IN2:OUT irreps of another product")
     ap.add_argument("--graph", default="carbon")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--tp-batch", type=int, default=0, help="also time the batched product on this many rows")
     ap.add_argument("--conv", action=argparse.BooleanOptionalAction, default=True, help="time the conv")
-    defaults = {"steps": "1", "accumulators": "64", "backward_warps": "auto", "lane_sums": "tile"}
+    defaults = {"steps": "1", "accumulators": "64", "forward_warps": "auto", "backward_warps": "auto", "lane_sums": "tile"}
     for name, default in defaults.items():
         ap.add_argument("--" + name.replace("_", "-"), default=default)
     a = ap.parse_args()
@@ -53,8 +56,9 @@ def main():
     atoms = build()
     graph = jequi.graph_from_atoms(atoms, cutoff)
     print(f"{a.graph}: {len(atoms)} atoms, {graph.num_edges} edges, edges_sorted={graph.edges_sorted}", flush=True)
-    for name in a.problems.split(","):
-        tp = jequi.problems.get(name)
+    products = {name: jequi.problems.get(name) for name in filter(None, a.problems.split(","))}
+    products.update({spec: jequi.channelwise(*spec.split(":")) for spec in a.channelwise})
+    for name, tp in products.items():
         d1, d2, do = tp.descriptor.dims
         n, e, b = len(atoms), graph.num_edges, a.tp_batch
         shapes = [(n, d1), (e, d2), (e, tp.weight_numel), (n, do), (b, d1), (b, d2), (b, tp.weight_numel), (b, do)]

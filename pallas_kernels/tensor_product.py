@@ -401,7 +401,10 @@ def _rows_per_program(n: int) -> int:
     return 8 if n >= 8 * 1024 else 1
 
 
-# Warps per backward program; None: :func:`num_warps`' rule. A knob for benchmarks/tune_conv.py.
+# Warps per forward / backward program; None: :func:`num_warps`' rule. Knobs for
+# benchmarks/tune_conv.py. Fewer warps give each thread several channels, over which the
+# per-row scalar work (the CG coefficients times y, the same in every thread) is shared.
+FORWARD_WARPS: int | None = None
 BACKWARD_WARPS: int | None = None
 
 
@@ -413,8 +416,9 @@ def num_warps(desc, backward: bool = False) -> int:
     the carbon lattice, f32: fwd+bwd 7.04 ms with 4 warps, 6.66 ms with 1; the batched product
     at 50,000 rows 3.07 -> 2.94 ms, NequIP-OAM's 3.75 -> 2.07 ms). Products with ``uvw``/``uuw`` paths keep the forward's
     warps: their 2-D ``(u, w)`` tiles would not fit one warp's registers."""
-    if backward and BACKWARD_WARPS is not None:
-        return BACKWARD_WARPS
+    knob = BACKWARD_WARPS if backward else FORWARD_WARPS
+    if knob is not None:
+        return knob
     modes = {p.mode for p in desc.active_paths}
     if backward and "uvu" in modes and modes <= {"uvu", "uuu"}:
         return 1
