@@ -46,7 +46,6 @@ import pathlib
 import platform
 import re
 import shutil
-import statistics
 import time
 import traceback
 
@@ -60,6 +59,7 @@ import numpy as np  # noqa: E402
 from e3nn_jax.legacy import FunctionalTensorProduct  # noqa: E402
 
 import jequi  # noqa: E402
+from timing import median_ms  # noqa: E402
 
 TP_PROBLEMS = "mace-large,mace-medium,nequip-lips,nequip-benzene,nequip-oam-main,diffdock-l1,diffdock-l2,tetris-poly-1,tetris-poly-2"
 PEERS = ("e3nn", "cuex", "oeq", "oeq-det")
@@ -229,15 +229,7 @@ def measure(fn, args, repeat, calls, keep_rows=0):
     jax.block_until_ready(compiled(*args))
     once = time.perf_counter() - t0
     calls = max(1, min(calls, int(SLOW_CELL_S / max(once * repeat, 1e-9))))
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            out = compiled(*args)
-        jax.block_until_ready(out)
-        times.append((time.perf_counter() - t0) / calls)
-        del out
-    stats.update(ms=1e3 * statistics.median(times), calls=calls, repeat=repeat)
+    stats.update(ms=median_ms(compiled, args, repeat, calls), calls=calls, repeat=repeat)
     return stats, kept
 
 

@@ -89,6 +89,15 @@ def _add(a, b):
     return b if a is None else a + b
 
 
+def _sum(values, zeros=None):
+    """The sum of `values` (arrays) without a leading ``0 +`` (a float add the compiler
+    must keep); ``zeros()`` when there are none (without `zeros`, there must be some)."""
+    total = None
+    for v in values:
+        total = _add(total, v)
+    return zeros() if total is None else total
+
+
 def _cg_terms(p):
     """The path's nonzeros as a list of (i, j, k, coeff) with Python scalars."""
     return [(int(i), int(j), int(k), float(c)) for i, j, k, c in zip(*p.nonzeros())]
@@ -232,7 +241,7 @@ class _Grads:
         for n, pos in enumerate(idx):
             parts = [jnp.sum(v) for (p, _), v in self.scalar.items() if p == int(pos)]
             if parts:
-                value = _add(value, jnp.where(lanes == n, sum(parts[1:], parts[0]), 0).astype(dtype))
+                value = _add(value, jnp.where(lanes == n, _sum(parts), 0).astype(dtype))
         return value if value is not None else jnp.zeros(idx.shape, dtype)
 
     def _tile_sums(self, segments, store, dtype) -> set:
@@ -244,9 +253,8 @@ class _Grads:
         vec_positions = {int(q) for idx in slots(segments) if _key(idx) in self.vec for q in idx}
         wide = {n for _, n in self.scalar if n >= TILE_MIN_LANES}
         lane_positions = {p for p, n in self.scalar if n in wide} - {p for p, n in self.scalar if n not in wide}
-        eligible = sorted(
-            int(q) for idx in slots(segments) if set(map(int, idx)) <= lane_positions - vec_positions for q in idx
-        )
+        lane_only = lane_positions - vec_positions
+        eligible = sorted(int(q) for idx in slots(segments) if set(map(int, idx)) <= lane_only for q in idx)
         runs, done = [], set(eligible)
         for q in eligible:
             if runs and q == runs[-1][0] + runs[-1][1]:
@@ -349,11 +357,11 @@ def _backward_path(desc, p, rx, ry, rw, rg, gx, gy, store_gw):
                 else:
                     y = lambda j: ry.load(in2[c0 : c0 + cs, j])  # noqa: E731
                     widx = p.weight_offset + u
-                store_gw(widx, sum((y(j) * qj for j, qj in q.items()), start=jnp.zeros((cs,), rx.ref.dtype)))
+                store_gw(widx, _sum((y(j) * qj for j, qj in q.items()), lambda: jnp.zeros((cs,), rx.ref.dtype)))
                 wv = rw.load(widx)
                 t = _contract_y(terms, y)
                 for i in sorted({i for i, _ in t}):
-                    gx.add_vec(in1[c0 : c0 + cs, i], wv * sum(g[k] * tv for (i2, k), tv in t.items() if i2 == i))
+                    gx.add_vec(in1[c0 : c0 + cs, i], wv * _sum((g[k] * tv for (i2, k), tv in t.items() if i2 == i)))
                 for j, qj in q.items():
                     if p.mode == "uvu":
                         gy.add_lanes(in2[v, j], wv * qj)
@@ -375,7 +383,7 @@ def _backward_path(desc, p, rx, ry, rw, rg, gx, gy, store_gw):
                     widx = p.weight_offset + u[:, None] * mo + w[None, :]
                 t = _contract_y(terms, y)
                 a = _contract_x(t, x)
-                store_gw(widx, sum((a[k][:, None] * g[k][None, :] for k in a), start=jnp.zeros((cu, cs), rx.ref.dtype)))
+                store_gw(widx, _sum((a[k][:, None] * g[k][None, :] for k in a), lambda: jnp.zeros((cu, cs), rx.ref.dtype)))
                 wt = rw.load(widx)
                 r = {k: jnp.sum(wt * g[k][None, :], axis=1) for k in ks}
                 _input_grads(p.mode, terms, t, x, r, slice(u0, u0 + cu), v, in1, in2, gx, gy)
