@@ -8,8 +8,9 @@ STAMP := $(VENV)/.installed
 run: $(STAMP)
 	$(PY) -m jequi
 
+# Tests run in parallel processes (pytest-xdist): interpret-mode kernels are CPU-bound.
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n auto --maxprocesses 4
 
 bench-cpu: $(STAMP)
 	$(PY) benchmarks/cpu_reference.py

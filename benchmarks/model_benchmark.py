@@ -49,6 +49,7 @@ def main():
 
     # Timing: the same parameters, three convolution implementations.
     params, _ = train(base, train_set[: a.batch_size], steps=1, batch_size=a.batch_size, progress=False)
+    before = evaluate(params, base, make_batches(val_set, base, a.batch_size))
     fast = "pallas" if jax.default_backend() == "gpu" else "xla"
     variants = {f"jequi-{fast}": dataclasses.replace(base, backend=fast), "jequi-xla": dataclasses.replace(base, backend="xla"),
                 "e3nn": dataclasses.replace(base, conv="e3nn")}
@@ -74,7 +75,9 @@ def main():
     result["training"] = {"conv": best, "steps": steps, "seconds": time.perf_counter() - t0,
                           "step_ms": 1e3 * history.seconds_per_step(), "train_structures": a.train_structures,
                           "val_structures": a.val_structures, "val_energy_mae_meV_per_atom": 1e3 * m["energy_mae"],
-                          "val_force_mae_meV_per_A": 1e3 * m["force_mae"]}
+                          "val_force_mae_meV_per_A": 1e3 * m["force_mae"],
+                          "untrained_val_energy_mae_meV_per_atom": 1e3 * before["energy_mae"],
+                          "untrained_val_force_mae_meV_per_A": 1e3 * before["force_mae"]}
     print(json.dumps(result["training"]), flush=True)
 
     stem = f"{result['date']}-{re.sub('[^a-z0-9]+', '-', dev.device_kind.lower()).strip('-')}-model"
@@ -88,7 +91,9 @@ def main():
                     f"Training ({best}): {steps} steps ({result['training']['step_ms']:.1f} ms each) in "
                     f"{result['training']['seconds']:.0f} s; held-out energy MAE "
                     f"{result['training']['val_energy_mae_meV_per_atom']:.1f} meV/atom, force MAE "
-                    f"{result['training']['val_force_mae_meV_per_A']:.0f} meV/A"]) + "\n"
+                    f"{result['training']['val_force_mae_meV_per_A']:.0f} meV/A (untrained: "
+                    f"{result['training']['untrained_val_energy_mae_meV_per_atom']:.1f} meV/atom, "
+                    f"{result['training']['untrained_val_force_mae_meV_per_A']:.0f} meV/A)"]) + "\n"
     (out / f"{stem}.md").write_text(md)
     if os.environ.get("OUT"):
         for f in (out / f"{stem}.json", out / f"{stem}.md"):

@@ -36,7 +36,7 @@ def _conv_op(desc: TensorProductDescriptor, backend: str, static: tuple, kahan: 
 
     return trilinear_op(
         lambda x, y, w, *g: b.conv_forward(desc, x, y, w, unpack(g), **options),
-        lambda x, y, w, gout, *g: b.conv_backward(desc, x, y, w, gout, unpack(g), **options),
+        lambda x, y, w, gout, *g, needs: b.conv_backward(desc, x, y, w, gout, unpack(g), needs=needs, **options),
     )
 
 

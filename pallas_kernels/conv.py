@@ -27,10 +27,12 @@ from jax.experimental import pallas as pl
 
 from .lowering import pallas_call
 from .tensor_product import (
+    ALL,
     Row,
     backward_row,
     forward_values,
     inactive_paths,
+    needed_outputs,
     num_warps,
     rows_loop,
     slots,
@@ -160,13 +162,15 @@ def input_groups(desc) -> list[tuple[list[int], list]]:
     return used
 
 
-@functools.partial(jax.jit, static_argnames=("desc", "kahan"))
-def conv_backward(desc, x, y, w, gout, sender_receivers, sender_order, sender_offsets, *, kahan: bool = False):
-    """``(gx, gy, gw)`` of :func:`conv_forward` for the output cotangent ``gout``; the index
-    arrays as in :class:`jequi.Graph` (the last bucket of ``sender_offsets`` holds
-    the dropped edges, which get zero ``gy`` and ``gw``). A program owns a sender and an
-    :func:`input_groups` group; each group writes its own partial ``gy``, summed here.
-    Shared weights get ``gw`` summed over edges."""
+@functools.partial(jax.jit, static_argnames=("desc", "needs", "kahan"))
+def conv_backward(
+    desc, x, y, w, gout, sender_receivers, sender_order, sender_offsets, *, needs=ALL, kahan: bool = False
+):  # fmt: skip
+    """``(gx, gy, gw)`` of :func:`conv_forward` for the output cotangent ``gout``, None for
+    those not flagged in `needs`; the index arrays as in :class:`jequi.Graph` (the last
+    bucket of ``sender_offsets`` holds the dropped edges, which get zero ``gy`` and ``gw``).
+    A program owns a sender and an :func:`input_groups` group; each group writes its own
+    partial ``gy``, summed here. Shared weights get ``gw`` summed over edges."""
     num_senders = x.shape[0]
     num_edges = y.shape[0]
     d1, d2, do = desc.dims
@@ -175,9 +179,18 @@ def conv_backward(desc, x, y, w, gout, sender_receivers, sender_order, sender_of
     dtype = x.dtype
     in2_slots = slots(desc.in2)
     groups = input_groups(desc)
-    inactive = inactive_paths(desc)
+    inactive = inactive_paths(desc) if needs[2] else []
+    shapes, unpack = needed_outputs(
+        needs,
+        [
+            jax.ShapeDtypeStruct((num_senders * d1,), dtype),
+            jax.ShapeDtypeStruct((len(groups) * num_edges * d2,), dtype),
+            jax.ShapeDtypeStruct((num_edges * nw,), dtype),
+        ],
+    )
 
-    def kernel(x_ref, y_ref, w_ref, g_ref, r_ref, order_ref, off_ref, gx_ref, gy_ref, gw_ref):
+    def kernel(x_ref, y_ref, w_ref, g_ref, r_ref, order_ref, off_ref, *out_refs):
+        gx_ref, gy_ref, gw_ref = unpack(out_refs)
         group = pl.program_id(1)  # read outside the loops (interpret mode needs it there)
 
         def node(n):
@@ -191,15 +204,25 @@ def conv_backward(desc, x, y, w, gout, sender_receivers, sender_order, sender_of
                     def edge(k):
                         e = order_ref[k]
                         rw = Row(w_ref, 0 if shared else e * nw)
+                        store_gw = None if gw_ref is None else storer(gw_ref, e * nw)
                         gx, gy = backward_row(
                             desc, Row(x_ref, n * d1), Row(y_ref, e * d2), rw, Row(g_ref, r_ref[k] * do),
-                            storer(gw_ref, e * nw), dtype, paths,
+                            store_gw, dtype, paths, needs,
                         )  # fmt: skip
                         if gi == 0:
-                            zero_weights(inactive, storer(gw_ref, e * nw), dtype)
-                        gy.store(desc.in2, storer(gy_ref, gy_base + e * d2), dtype)
-                        return gx.values([desc.in1[s] for s in segments], dtype)
+                            zero_weights(inactive, store_gw, dtype)
+                        if gy_ref is not None:
+                            gy.store(desc.in2, storer(gy_ref, gy_base + e * d2), dtype)
+                        return gx.values([desc.in1[s] for s in segments], dtype) if gx_ref is not None else []
 
+                    if gx_ref is None:
+
+                        def each(k, carry):
+                            edge(k)
+                            return carry
+
+                        jax.lax.fori_loop(start, end, each, 0)
+                        return
                     init = [jnp.zeros(idx.shape, dtype) for idx in in1_slots]
                     store = storer(gx_ref, n * d1)
                     for idx, value in zip(in1_slots, _edge_loop(start, end, edge, init, kahan)):
@@ -209,23 +232,26 @@ def conv_backward(desc, x, y, w, gout, sender_receivers, sender_order, sender_of
                 def _():  # dropped edges: zero gradients
                     def zero(k, carry):
                         e = order_ref[k]
-                        for idx in in2_slots:
+                        for idx in in2_slots if gy_ref is not None else ():
                             storer(gy_ref, gy_base + e * d2)(idx, jnp.zeros(idx.shape, dtype))
-                        zero_weights(paths + (inactive if gi == 0 else []), storer(gw_ref, e * nw), dtype)
+                        if gw_ref is not None:
+                            zero_weights(paths + (inactive if gi == 0 else []), storer(gw_ref, e * nw), dtype)
                         return carry
 
                     jax.lax.fori_loop(start, end, zero, 0)
 
         rows_loop(num_senders + 1, 1, node)
 
-    shapes = [
-        jax.ShapeDtypeStruct((num_senders * d1,), dtype),
-        jax.ShapeDtypeStruct((len(groups) * num_edges * d2,), dtype),
-        jax.ShapeDtypeStruct((num_edges * nw,), dtype),
-    ]
-    gx, gy, gw = pallas_call(
-        kernel, shapes, (num_senders + 1, len(groups)), num_warps(desc, backward=True), name="jequi_conv_bwd"
-    )(x.reshape(-1), y.reshape(-1), w.reshape(-1), gout.reshape(-1), sender_receivers, sender_order, sender_offsets)
-    gw = gw.reshape(num_edges, nw)
-    gy = gy.reshape(len(groups), num_edges, d2).sum(0)
-    return gx.reshape(num_senders, d1), gy, gw.sum(0) if shared else gw
+    gx, gy, gw = unpack(
+        pallas_call(
+            kernel, shapes, (num_senders + 1, len(groups)), num_warps(desc, backward=True), name="jequi_conv_bwd"
+        )(x.reshape(-1), y.reshape(-1), w.reshape(-1), gout.reshape(-1), sender_receivers, sender_order, sender_offsets)
+    )
+    if gx is not None:
+        gx = gx.reshape(num_senders, d1)
+    if gy is not None:
+        gy = gy.reshape(len(groups), num_edges, d2).sum(0)
+    if gw is not None:
+        gw = gw.reshape(num_edges, nw)
+        gw = gw.sum(0) if shared else gw
+    return gx, gy, gw

@@ -26,6 +26,9 @@ from jax.experimental import pallas as pl
 from .lowering import pallas_call
 
 SUPPORTED_MODES = ("uvu", "uuu", "uvw", "uuw")
+# Which of ``(gx, gy, gw)`` a backward kernel computes (``needs``): a backward for a
+# derivative that cannot use all three generates no code, and no output, for the others.
+ALL = (True, True, True)
 _MAX_CHUNK = 128
 
 
@@ -291,13 +294,14 @@ def zero_weights(paths, store_gw, dtype):
             store_gw(p.weight_offset + np.arange(c0, c0 + cs), jnp.zeros((cs,), dtype))
 
 
-def backward_row(desc, rx: Row, ry: Row, rw: Row, rg: Row, store_gw, dtype, paths=None):
+def backward_row(desc, rx: Row, ry: Row, rw: Row, rg: Row, store_gw, dtype, paths=None, needs=ALL):
     """One row of the backward of `paths` (default: all, and then zeros for the inactive
-    ones): stores their ``gw`` and returns the ``gx`` and ``gy`` accumulators (:class:`_Grads`)."""
+    ones): stores their ``gw`` and returns the ``gx`` and ``gy`` accumulators (:class:`_Grads`),
+    of the gradients flagged in `needs` (``store_gw`` is unused without ``gw``)."""
     gx, gy = _Grads(), _Grads()
     for p in desc.active_paths if paths is None else paths:
-        _backward_path(desc, p, rx, ry, rw, rg, gx, gy, store_gw)
-    if paths is None:
+        _backward_path(desc, p, rx, ry, rw, rg, gx, gy, store_gw, needs)
+    if paths is None and needs[2]:
         zero_weights(inactive_paths(desc), store_gw, dtype)
     return gx, gy
 
@@ -305,9 +309,13 @@ def backward_row(desc, rx: Row, ry: Row, rw: Row, rg: Row, store_gw, dtype, path
 def _input_grads(mode, terms, t, x, h, rows, v, in1, in2, gx, gy):
     """``gx[u, i] += sum_k h[k] T[i, k]`` and ``gy[., j] += sum_{i, k} c x(i) h[k]``, where
     ``h[k]`` is the output cotangent pulled back through the weights (a vector over ``u``);
-    for ``uv*`` modes ``y`` has no ``u`` index, so ``gy`` is reduced over ``u`` on chip."""
-    for (i, k), tv in t.items():
-        gx.add_vec(in1[rows, i], h[k] * tv)
+    for ``uv*`` modes ``y`` has no ``u`` index, so ``gy`` is reduced over ``u`` on chip.
+    A None accumulator is not computed."""
+    if gx is not None:
+        for (i, k), tv in t.items():
+            gx.add_vec(in1[rows, i], h[k] * tv)
+    if gy is None:
+        return
     by_j = {}
     for i, j, k, c in terms:
         by_j[j] = _add(by_j.get(j), c * x(i) * h[k])
@@ -338,18 +346,20 @@ def _contract_xg(terms, x, g):
     return q
 
 
-def _backward_path(desc, p, rx, ry, rw, rg, gx, gy, store_gw):
+def _backward_path(desc, p, rx, ry, rw, rg, gx, gy, store_gw, needs):
     in1, in2 = desc.in1[p.i_in1].index(), desc.in2[p.i_in2].index()
     out = desc.out[p.i_out].index()
     terms = _cg_terms(p)
     m2, mo = p.mul_in2, p.mul_out
     ks = sorted({k for _, _, k, _ in terms})
+    need_x, need_y, need_w = needs
     if p.mode in ("uvu", "uuu"):
         for c0, cs in chunks(p.mul_in1):
             u = np.arange(c0, c0 + cs)
             x = lambda i: rx.load(in1[c0 : c0 + cs, i])  # noqa: E731
             g = {k: rg.load(out[c0 : c0 + cs, k]) for k in ks}
-            q = _contract_xg(terms, x, g)  # independent of v: shared by the y channels
+            # Q is independent of v: shared by the y channels
+            q = _contract_xg(terms, x, g) if need_y or need_w else {}
             for v in range(m2 if p.mode == "uvu" else 1):
                 if p.mode == "uvu":
                     y = lambda j: ry.load(in2[v, j])  # noqa: E731
@@ -357,12 +367,16 @@ def _backward_path(desc, p, rx, ry, rw, rg, gx, gy, store_gw):
                 else:
                     y = lambda j: ry.load(in2[c0 : c0 + cs, j])  # noqa: E731
                     widx = p.weight_offset + u
-                store_gw(widx, _sum((y(j) * qj for j, qj in q.items()), lambda: jnp.zeros((cs,), rx.ref.dtype)))
+                if need_w:
+                    store_gw(widx, _sum((y(j) * qj for j, qj in q.items()), lambda: jnp.zeros((cs,), rx.ref.dtype)))
+                if not (need_x or need_y):
+                    continue
                 wv = rw.load(widx)
-                t = _contract_y(terms, y)
-                for i in sorted({i for i, _ in t}):
-                    gx.add_vec(in1[c0 : c0 + cs, i], wv * _sum((g[k] * tv for (i2, k), tv in t.items() if i2 == i)))
-                for j, qj in q.items():
+                if need_x:
+                    t = _contract_y(terms, y)
+                    for i in sorted({i for i, _ in t}):
+                        gx.add_vec(in1[c0 : c0 + cs, i], wv * _sum(g[k] * tv for (i2, k), tv in t.items() if i2 == i))
+                for j, qj in q.items() if need_y else ():
                     if p.mode == "uvu":
                         gy.add_lanes(in2[v, j], wv * qj)
                     else:
@@ -381,12 +395,17 @@ def _backward_path(desc, p, rx, ry, rw, rg, gx, gy, store_gw):
                 else:
                     y = lambda j: ry.load(in2[u0 : u0 + cu, j])  # noqa: E731
                     widx = p.weight_offset + u[:, None] * mo + w[None, :]
-                t = _contract_y(terms, y)
-                a = _contract_x(t, x)
-                store_gw(widx, _sum((a[k][:, None] * g[k][None, :] for k in a), lambda: jnp.zeros((cu, cs), rx.ref.dtype)))
+                t = _contract_y(terms, y) if need_x or need_w else {}
+                if need_w:
+                    a = _contract_x(t, x)
+                    zeros = lambda: jnp.zeros((cu, cs), rx.ref.dtype)  # noqa: E731
+                    store_gw(widx, _sum((a[k][:, None] * g[k][None, :] for k in a), zeros))
+                if not (need_x or need_y):
+                    continue
                 wt = rw.load(widx)
                 r = {k: jnp.sum(wt * g[k][None, :], axis=1) for k in ks}
-                _input_grads(p.mode, terms, t, x, r, slice(u0, u0 + cu), v, in1, in2, gx, gy)
+                grads = (gx if need_x else None, gy if need_y else None)
+                _input_grads(p.mode, terms, t, x, r, slice(u0, u0 + cu), v, in1, in2, *grads)
 
 
 # --- pallas_call wrappers -------------------------------------------------------------------
@@ -460,32 +479,59 @@ def forward(desc, x, y, w):
     return z.reshape(n, do)
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def backward(desc, x, y, w, gz):
-    """``(gx, gy, gw)``; shared weights get ``gw`` summed over rows."""
+def needed_outputs(needs, shapes) -> tuple[list, callable]:
+    """The output shapes of a backward kernel that computes `needs` (of ``(gx, gy, gw)``,
+    whose shapes are `shapes`) and ``unpack(refs or arrays) -> (gx, gy, gw)`` with None for
+    the gradients not computed."""
+    if not any(needs):
+        raise ValueError("a backward kernel needs at least one of gx, gy, gw")
+
+    def unpack(items):
+        items = iter(items)
+        return tuple(next(items) if need else None for need in needs)
+
+    return [s for s, need in zip(shapes, needs) if need], unpack
+
+
+@functools.partial(jax.jit, static_argnums=(0, 5))
+def backward(desc, x, y, w, gz, needs=ALL):
+    """``(gx, gy, gw)``, None for those not flagged in `needs`; shared weights get ``gw``
+    summed over rows."""
     n = x.shape[0]
     d1, d2, do = desc.dims
     nw = desc.weight_numel
     shared = w.ndim == 1
     rpp = _rows_per_program(n)
     dtype = x.dtype
+    shapes, unpack = needed_outputs(needs, [jax.ShapeDtypeStruct((n * d,), dtype) for d in (d1, d2, nw)])
 
-    def kernel(x_ref, y_ref, w_ref, g_ref, gx_ref, gy_ref, gw_ref):
+    def kernel(x_ref, y_ref, w_ref, g_ref, *out_refs):
+        gx_ref, gy_ref, gw_ref = unpack(out_refs)
+
         def row(b):
             wbase = 0 if shared else b * nw
             gx, gy = backward_row(
                 desc, Row(x_ref, b * d1), Row(y_ref, b * d2), Row(w_ref, wbase), Row(g_ref, b * do),
-                storer(gw_ref, b * nw), dtype,
+                None if gw_ref is None else storer(gw_ref, b * nw), dtype, needs=needs,
             )
-            gx.store(desc.in1, storer(gx_ref, b * d1), dtype)
-            gy.store(desc.in2, storer(gy_ref, b * d2), dtype)
+            if gx_ref is not None:
+                gx.store(desc.in1, storer(gx_ref, b * d1), dtype)
+            if gy_ref is not None:
+                gy.store(desc.in2, storer(gy_ref, b * d2), dtype)
 
         rows_loop(n, rpp, row)
 
-    shapes = [jax.ShapeDtypeStruct((n * d,), dtype) for d in (d1, d2, nw)]
-    gx, gy, gw = pallas_call(kernel, shapes, (pl.cdiv(n, rpp),), num_warps(desc, backward=True), name="jequi_tp_bwd")(
-        x.reshape(-1), y.reshape(-1), w.reshape(-1), gz.reshape(-1)
+    gx, gy, gw = unpack(
+        pallas_call(kernel, shapes, (pl.cdiv(n, rpp),), num_warps(desc, backward=True), name="jequi_tp_bwd")(
+            x.reshape(-1), y.reshape(-1), w.reshape(-1), gz.reshape(-1)
+        )
     )
-    gw = gw.reshape(n, nw)
-    # Shared weights: per-row gradients summed by XLA (a pass over N x nw; see the issue note).
-    return gx.reshape(n, d1), gy.reshape(n, d2), gw.sum(0) if shared else gw
+    if gw is not None:
+        gw = gw.reshape(n, nw)
+        # Shared weights: per-row gradients summed by XLA (a pass over N x nw; see the issue note).
+        gw = gw.sum(0) if shared else gw
+    return (
+        None if gx is None else gx.reshape(n, d1),
+        None if gy is None else gy.reshape(n, d2),
+        gw,
+    )

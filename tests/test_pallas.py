@@ -98,6 +98,31 @@ def test_conv_output_groups_and_determinism(monkeypatch):
     assert all(np.array_equal(a, b) for run in runs[1:] for a, b in zip(runs[0], run))
 
 
+@pytest.mark.parametrize("name", ["uvu", "uvw", "uuu+unweighted"])
+def test_backward_computes_only_what_is_needed(name):
+    """A backward asked for one of (gx, gy, gw) returns it (as the full backward does) and
+    None for the others, for the batched product and the conv."""
+    tp = PROBLEMS[name]()
+    desc = tp.descriptor.trilinear
+    x, y, _ = random_inputs(tp, BATCH)
+    rng = np.random.default_rng(4)
+    w = rng.normal(size=(BATCH, desc.weight_numel))  # the kernels' view weights every path
+    g = rng.normal(size=(BATCH, tp.irreps_out.dim))
+    n = 3
+    graph = jequi.Graph.build(np.arange(BATCH) % n, (np.arange(BATCH) * 7) % n, n)
+    backward_arrays = (graph.sender_receivers, graph.sender_order, graph.sender_offsets)
+    conv = functools.partial(pallas_kernels.conv_backward, desc, x[:n], y, w, g[:n], *backward_arrays)
+    for full, partial in [
+        (pallas_kernels.backward(desc, x, y, w, g), lambda needs: pallas_kernels.backward(desc, x, y, w, g, needs)),
+        (conv(), lambda needs: conv(needs=needs)),
+    ]:
+        for k in range(3):
+            needs = tuple(j == k for j in range(3))
+            got = partial(needs)
+            assert [a is None for a in got] == [not need for need in needs]
+            assert_close(got[k], full[k], 1e-12, f"gradient {k} alone")
+
+
 @pytest.fixture
 def fresh_kernels():
     """Caches cleared on both sides: kernels traced with a test's knob settings are neither

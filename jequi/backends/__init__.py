@@ -1,10 +1,11 @@
 """Backend registry: each backend supplies forward/backward kernels for a descriptor.
 
 A backend is a set of four functions taking the descriptor first:
-``forward(desc, x, y, w)``, ``backward(desc, x, y, w, gz)``,
+``forward(desc, x, y, w)``, ``backward(desc, x, y, w, gz, needs)``,
 ``conv_forward(desc, x, y, w, graph[, kahan])`` and
-``conv_backward(desc, x, y, w, gout, graph[, kahan])`` (``graph`` a :class:`jequi.Graph`;
-``kahan`` only where ``supports_kahan``).
+``conv_backward(desc, x, y, w, gout, graph, needs[, kahan])`` (``graph`` a :class:`jequi.Graph`;
+``kahan`` only where ``supports_kahan``). ``needs`` (three bools, default all True) says
+which of ``(gx, gy, gw)`` a backward computes; it returns None for the others.
 Inputs are flat: ``x (N, in1.dim)``, ``y (N, in2.dim)``, ``w (N, weight_numel)`` or shared
 ``(weight_numel,)``, all of one floating dtype. Derivatives of every order are built from
 these by :mod:`jequi.autodiff`.

@@ -24,8 +24,8 @@ def forward(desc, x, y, w):
     return pallas_kernels.forward(desc, x, y, w)
 
 
-def backward(desc, x, y, w, gz):
-    return pallas_kernels.backward(desc, x, y, w, gz)
+def backward(desc, x, y, w, gz, needs=pallas_kernels.ALL):
+    return pallas_kernels.backward(desc, x, y, w, gz, needs)
 
 
 def conv_forward(desc, x, y, w, graph, kahan: bool = False):
@@ -35,7 +35,7 @@ def conv_forward(desc, x, y, w, graph, kahan: bool = False):
     )  # fmt: skip
 
 
-def conv_backward(desc, x, y, w, gout, graph, kahan: bool = False):
+def conv_backward(desc, x, y, w, gout, graph, needs=pallas_kernels.ALL, kahan: bool = False):
     return pallas_kernels.conv_backward(
-        desc, x, y, w, gout, graph.sender_receivers, graph.sender_order, graph.sender_offsets, kahan=kahan
+        desc, x, y, w, gout, graph.sender_receivers, graph.sender_order, graph.sender_offsets, needs=needs, kahan=kahan
     )

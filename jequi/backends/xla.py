@@ -18,7 +18,7 @@ Each path's output block is added into its output segment and the segments conca
 (no scatter). A problem has a handful of groups (one per output ``l`` for channelwise
 products), not one einsum per path.
 
-``backward`` is ``jax.vjp`` of ``forward``; convolutions are gather, tensor product and
+``backward`` is ``jax.vjp`` of ``forward`` (in the needed inputs only); convolutions are gather, tensor product and
 ``segment_sum``.
 """
 
@@ -133,10 +133,25 @@ def forward(desc: TensorProductDescriptor, x, y, w):
     return jnp.concatenate(out, axis=-1) if out else jnp.zeros((*batch, 0), dtype)
 
 
-def backward(desc: TensorProductDescriptor, x, y, w, gz):
-    """``(gx, gy, gw)``: the VJP of :func:`forward` (jax autodiff)."""
-    _, vjp = jax.vjp(functools.partial(forward, desc), x, y, w)
-    return vjp(gz)
+def _vjp(f, args, g, needs):
+    """The gradients of ``<g, f(*args)>`` with respect to the args flagged in `needs`, None
+    for the others (jax autodiff of `f` in the needed args only)."""
+    chosen = [n for n, need in enumerate(needs) if need]
+
+    def of_chosen(*values):
+        full = list(args)
+        for n, v in zip(chosen, values):
+            full[n] = v
+        return f(*full)
+
+    _, vjp = jax.vjp(of_chosen, *(args[n] for n in chosen))
+    grads = dict(zip(chosen, vjp(g)))
+    return tuple(grads.get(n) for n in range(len(args)))
+
+
+def backward(desc: TensorProductDescriptor, x, y, w, gz, needs=(True, True, True)):
+    """``(gx, gy, gw)``: the VJP of :func:`forward` (jax autodiff); None where `needs` is False."""
+    return _vjp(functools.partial(forward, desc), (x, y, w), gz, needs)
 
 
 def conv_forward(desc: TensorProductDescriptor, x, y, w, graph):
@@ -149,7 +164,6 @@ def conv_forward(desc: TensorProductDescriptor, x, y, w, graph):
     return jax.ops.segment_sum(z, graph.receivers, num_segments=graph.num_nodes)
 
 
-def conv_backward(desc: TensorProductDescriptor, x, y, w, gout, graph):
-    """``(gx, gy, gw)``: the VJP of :func:`conv_forward` (jax autodiff)."""
-    _, vjp = jax.vjp(lambda x, y, w: conv_forward(desc, x, y, w, graph), x, y, w)
-    return vjp(gout)
+def conv_backward(desc: TensorProductDescriptor, x, y, w, gout, graph, needs=(True, True, True)):
+    """``(gx, gy, gw)``: the VJP of :func:`conv_forward` (jax autodiff); None where `needs` is False."""
+    return _vjp(lambda x, y, w: conv_forward(desc, x, y, w, graph), (x, y, w), gout, needs)
