@@ -30,7 +30,7 @@ gy, gw. ``fraction`` = bound / measured.
 
 The full default run takes longer than one 10-minute device command: split it with
 ``--problems``/``--dtypes``/``--impls``; results are rewritten after every problem, so a run
-cut short still leaves its finished rows. Outputs ``<date>-<device>-tp.{json,md,png}`` (``-conv`` with ``--conv``) into ``--out``
+cut short still leaves its finished rows. Outputs ``<date>-<device>-tp[-<tag>].{json,md,png}`` (``-conv`` with ``--conv``) into ``--out``
 (default benchmarks/results) and, when $OUT is set, into $OUT as well.
 """
 
@@ -498,6 +498,7 @@ def main():
     ap.add_argument("--edges", type=int, default=None, help="--conv random graph: edges (default 131072)")
     ap.add_argument("--bw-mb", type=int, default=None, help="array size for the bandwidth measurement (default 2048)")
     ap.add_argument("--quick", action="store_true", help="small sizes, for a CPU smoke test")
+    ap.add_argument("--tag", default="", help="appended to the result files' names (a partial re-run beside a full one)")
     ap.add_argument("--out", default=str(pathlib.Path(__file__).resolve().parent / "results"))
     a = ap.parse_args()
     q = a.quick
@@ -518,7 +519,7 @@ def main():
     }
     print(f"{dev.device_kind} ({dev.platform}); copy bandwidth {bw / 1e9:.0f} GB/s; "
           f"jequi backends {jequi.available_backends()}", flush=True)
-    stem = f"{date}-{device_slug(dev.device_kind)}-{meta['mode']}"
+    stem = f"{date}-{device_slug(dev.device_kind)}-{meta['mode']}" + (f"-{a.tag}" if a.tag else "")
     passes = conv_passes() if a.conv else tp_passes()
     result = {"meta": meta, "rows": []}
     key = jax.random.key(0)

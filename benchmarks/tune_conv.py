@@ -3,9 +3,11 @@
     python3 benchmarks/tune_conv.py [--problems mace-large] [--graph carbon] [--tp-batch 50000]
         [--channelwise IN1:IN2:OUT] [--no-conv] [--steps 1,2,4] [--accumulators 32,64,128]
         [--forward-warps auto,1,2,4] [--backward-warps auto,1,2,4] [--lane-sums element,tile]
+        [--edge-splits auto,1,2,4,8]
 
 Knobs (module constants): EDGES_PER_STEP (edges per loop step), ACCUMULATORS_PER_THREAD
-(forward output grouping) of pallas_kernels.conv; FORWARD_WARPS and BACKWARD_WARPS (warps
+(forward output grouping), EDGE_SPLITS (programs per row's edges, auto = edge_splits' rule)
+of pallas_kernels.conv; FORWARD_WARPS and BACKWARD_WARPS (warps
 per program, auto = num_warps' rule) and LANE_SUMS (gy's cross-lane sums per element or as one
 tile) of pallas_kernels.tensor_product. Prints conv fwd and fwd+bwd ms per setting (unless
 --no-conv), and with --tp-batch the batched product's too. --channelwise adds a product of
@@ -32,6 +34,7 @@ KNOBS = {  # option -> (module, constant, parse)
     "forward_warps": (tensor_product, "FORWARD_WARPS", lambda v: None if v == "auto" else int(v)),
     "backward_warps": (tensor_product, "BACKWARD_WARPS", lambda v: None if v == "auto" else int(v)),
     "lane_sums": (tensor_product, "LANE_SUMS", str),
+    "edge_splits": (conv, "EDGE_SPLITS", lambda v: None if v == "auto" else int(v)),
 }
 
 
@@ -48,7 +51,8 @@ def main():
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--tp-batch", type=int, default=0, help="also time the batched product on this many rows")
     ap.add_argument("--conv", action=argparse.BooleanOptionalAction, default=True, help="time the conv")
-    defaults = {"steps": "1", "accumulators": "64", "forward_warps": "auto", "backward_warps": "auto", "lane_sums": "tile"}
+    defaults = {"steps": "1", "accumulators": "64", "forward_warps": "auto", "backward_warps": "auto", "lane_sums": "tile",
+                "edge_splits": "auto"}
     for name, default in defaults.items():
         ap.add_argument("--" + name.replace("_", "-"), default=default)
     a = ap.parse_args()

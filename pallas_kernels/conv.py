@@ -90,6 +90,47 @@ def _edge_loop(start, end, body, init, kahan):
 
 ACCUMULATORS_PER_THREAD = 64
 
+# Rows whose edges several programs share. A conv has one program per row (and output or
+# input group): on a small graph that leaves the GPU mostly idle (a 512-atom batch: 512
+# programs for 132 SMs, each walking ~42 edges in sequence). With ``splits`` parts, program
+# part p takes the p-th of ``splits`` equal slices of the row's edges and writes a partial sum;
+# the partials are added in a fixed order (deterministic). The rule (EDGE_SPLITS None) doubles
+# the parts while the grid has fewer than SPLIT_MIN_WARPS warps (about a quarter of the
+# H100/H200's resident warps) and each part keeps at least SPLIT_MIN_EDGES edges on average.
+EDGE_SPLITS: int | None = None
+SPLIT_MIN_WARPS = 4096
+SPLIT_MIN_EDGES = 8
+MAX_EDGE_SPLITS = 8
+
+
+def edge_splits(num_rows: int, num_edges: int, programs_per_row: int, warps: int) -> int:
+    """Parts per row (see :data:`EDGE_SPLITS`)."""
+    if EDGE_SPLITS is not None:
+        return EDGE_SPLITS
+    splits = 1
+    while (
+        0 < num_rows
+        and splits < MAX_EDGE_SPLITS
+        and num_rows * programs_per_row * splits * warps < SPLIT_MIN_WARPS
+        and num_edges >= 2 * splits * SPLIT_MIN_EDGES * num_rows
+    ):
+        splits *= 2
+    return splits
+
+
+def _part(off_ref, row, part, splits: int):
+    """``[start, end)`` of the `part`-th of `splits` slices of `row`'s edges."""
+    start, end = off_ref[row], off_ref[row + 1]
+    if splits == 1:
+        return start, end
+    n = end - start
+    return start + n * part // splits, start + n * (part + 1) // splits
+
+
+def _add_parts(a):
+    """``a[0] + a[1] + ...`` (partial sums, in this fixed order)."""
+    return functools.reduce(lambda s, t: s + t, [a[k] for k in range(a.shape[0])])
+
 
 def output_groups(desc) -> list[list[int]]:
     """Output segments in consecutive groups of at most :data:`ACCUMULATORS_PER_THREAD`
@@ -119,9 +160,12 @@ def conv_forward(
     shared = w.ndim == 1
     dtype = x.dtype
     groups = output_groups(desc)
+    warps = num_warps(desc)
+    splits = edge_splits(num_nodes, y.shape[0], len(groups), warps)
 
     def kernel(x_ref, y_ref, w_ref, s_ref, order_ref, off_ref, z_ref):
-        group = pl.program_id(1)  # read outside the loops (interpret mode needs it there)
+        column = pl.program_id(1)  # read outside the loops (interpret mode needs it there)
+        group, part = column // splits, column % splits
 
         def node(r):
             for g, outputs in enumerate(groups):
@@ -135,18 +179,18 @@ def conv_forward(
                         return forward_values(desc, Row(x_ref, s_ref[k] * d1), Row(y_ref, e * d2), rw, outputs)
 
                     init = [jnp.zeros(idx.shape, dtype) for idx in out_slots]
-                    total = _edge_loop(off_ref[r], off_ref[r + 1], edge, init, kahan)
-                    store = storer(z_ref, r * do)
+                    total = _edge_loop(*_part(off_ref, r, part, splits), edge, init, kahan)
+                    store = storer(z_ref, (part * num_nodes + r) * do)
                     for idx, value in zip(out_slots, total):
                         store(idx, value)
 
         rows_loop(num_nodes, 1, node)
 
     out = pallas_call(
-        kernel, jax.ShapeDtypeStruct((num_nodes * do,), dtype), (num_nodes, len(groups)), num_warps(desc),
+        kernel, jax.ShapeDtypeStruct((splits * num_nodes * do,), dtype), (num_nodes, len(groups) * splits), warps,
         name="jequi_conv_fwd",
     )(x.reshape(-1), y.reshape(-1), w.reshape(-1), receiver_senders, receiver_order, receiver_offsets)
-    return out.reshape(num_nodes, do)
+    return _add_parts(out.reshape(splits, num_nodes, do))
 
 
 def input_groups(desc) -> list[tuple[list[int], list]]:
@@ -169,8 +213,9 @@ def conv_backward(
     """``(gx, gy, gw)`` of :func:`conv_forward` for the output cotangent ``gout``, None for
     those not flagged in `needs`; the index arrays as in :class:`jequi.Graph` (the last
     bucket of ``sender_offsets`` holds the dropped edges, which get zero ``gy`` and ``gw``).
-    A program owns a sender and an :func:`input_groups` group; each group writes its own
-    partial ``gy``, summed here. Shared weights get ``gw`` summed over edges."""
+    A program owns a sender and an :func:`input_groups` group (and a part of the sender's
+    edges, :func:`edge_splits`); each group writes its own partial ``gy`` and each part its
+    own partial ``gx``, summed here. Shared weights get ``gw`` summed over edges."""
     num_senders = x.shape[0]
     num_edges = y.shape[0]
     d1, d2, do = desc.dims
@@ -180,10 +225,12 @@ def conv_backward(
     in2_slots = slots(desc.in2)
     groups = input_groups(desc)
     inactive = inactive_paths(desc) if needs[2] else []
+    warps = num_warps(desc, backward=True)
+    splits = edge_splits(num_senders, num_edges, len(groups), warps)
     shapes, unpack = needed_outputs(
         needs,
         [
-            jax.ShapeDtypeStruct((num_senders * d1,), dtype),
+            jax.ShapeDtypeStruct((splits * num_senders * d1,), dtype),
             jax.ShapeDtypeStruct((len(groups) * num_edges * d2,), dtype),
             jax.ShapeDtypeStruct((num_edges * nw,), dtype),
         ],
@@ -191,10 +238,11 @@ def conv_backward(
 
     def kernel(x_ref, y_ref, w_ref, g_ref, r_ref, order_ref, off_ref, *out_refs):
         gx_ref, gy_ref, gw_ref = unpack(out_refs)
-        group = pl.program_id(1)  # read outside the loops (interpret mode needs it there)
+        column = pl.program_id(1)  # read outside the loops (interpret mode needs it there)
+        group, part = column // splits, column % splits
 
         def node(n):
-            start, end = off_ref[n], off_ref[n + 1]
+            start, end = _part(off_ref, n, part, splits)
             for gi, (segments, paths) in enumerate(groups):
                 in1_slots = slots([desc.in1[s] for s in segments])
                 gy_base = gi * num_edges * d2
@@ -224,7 +272,7 @@ def conv_backward(
                         jax.lax.fori_loop(start, end, each, 0)
                         return
                     init = [jnp.zeros(idx.shape, dtype) for idx in in1_slots]
-                    store = storer(gx_ref, n * d1)
+                    store = storer(gx_ref, (part * num_senders + n) * d1)
                     for idx, value in zip(in1_slots, _edge_loop(start, end, edge, init, kahan)):
                         store(idx, value)
 
@@ -244,13 +292,13 @@ def conv_backward(
 
     gx, gy, gw = unpack(
         pallas_call(
-            kernel, shapes, (num_senders + 1, len(groups)), num_warps(desc, backward=True), name="jequi_conv_bwd"
+            kernel, shapes, (num_senders + 1, len(groups) * splits), warps, name="jequi_conv_bwd"
         )(x.reshape(-1), y.reshape(-1), w.reshape(-1), gout.reshape(-1), sender_receivers, sender_order, sender_offsets)
     )
     if gx is not None:
-        gx = gx.reshape(num_senders, d1)
+        gx = _add_parts(gx.reshape(splits, num_senders, d1))
     if gy is not None:
-        gy = gy.reshape(len(groups), num_edges, d2).sum(0)
+        gy = _add_parts(gy.reshape(len(groups), num_edges, d2))
     if gw is not None:
         gw = gw.reshape(num_edges, nw)
         gw = gw.sum(0) if shared else gw

@@ -123,6 +123,17 @@ def test_backward_computes_only_what_is_needed(name):
             assert_close(got[k], full[k], 1e-12, f"gradient {k} alone")
 
 
+def test_conv_edge_splits_rule():
+    """Rows' edges are split over programs on small graphs only: the model benchmark's batch
+    (512 atoms, 21,504 edges, one output group, 2 warps) gets 4 parts; MACE-large on the
+    carbon lattice (1,728 rows, 2 groups, 4 warps) one; a sparse graph one."""
+    splits = pallas_kernels.conv.edge_splits
+    assert splits(512, 21504, 1, 2) == 4
+    assert splits(1728, 273024, 2, 4) == 1
+    assert splits(512, 512 * 8, 1, 1) == 1
+    assert splits(0, 0, 1, 1) == 1
+
+
 @pytest.fixture
 def fresh_kernels():
     """Caches cleared on both sides: kernels traced with a test's knob settings are neither
@@ -136,6 +147,30 @@ WIDE = {  # warp-wide channels (gy's lane sums as tiles); 33 = 32 + 1: both widt
     "uvu-wide": lambda: jequi.channelwise("32x0e+32x1o+33x2e", "0e+1o+2e", "32x0e+32x1o+33x2e"),
     **PROBLEMS,
 }
+
+
+def test_conv_edge_splits(fresh_kernels, monkeypatch):
+    """Each row's edges shared by 3 programs (more parts than some rows have edges; a hub,
+    isolated nodes and dropped out-of-range edges): values and gradients as the reference,
+    bitwise the same from run to run."""
+    monkeypatch.setattr(pallas_kernels.conv, "EDGE_SPLITS", 3)
+    tp = PROBLEMS["uvu"]()
+    rng = np.random.default_rng(6)
+    n, e = (300, 5000) if ON_GPU else (6, 14)
+    s, r = rng.integers(0, n - 2, e), rng.integers(0, n - 2, e)
+    r[: e // 2] = 0  # a hub
+    s[-1], r[-2] = n + 5, -1  # dropped edges
+    x = rng.normal(size=(n, tp.irreps_in1.dim))
+    y = rng.normal(size=(e, tp.irreps_in2.dim))
+    w = rng.normal(size=(e, tp.weight_numel))
+    graph = jequi.Graph.build(s, r, n)
+    f = lambda b: lambda x, y, w: tp.conv(x, y, w, graph, backend=b)  # noqa: E731
+    assert_close(f("pallas")(x, y, w), f("xla")(x, y, w), 1e-12, "conv")
+    grads = lambda b: jax.jit(jax.grad(lambda *a: jnp.sum(jnp.sin(f(b)(*a))), argnums=(0, 1, 2)))  # noqa: E731
+    ours = [[np.asarray(a) for a in grads("pallas")(x, y, w)] for _ in range(2)]
+    for a, b, what in zip(ours[0], grads("xla")(x, y, w), "xyw"):
+        assert_close(a, b, 1e-12, f"d/d{what}")
+    assert all(np.array_equal(a, b) for a, b in zip(*ours))
 
 
 @pytest.mark.parametrize("name, min_lanes", [("uvu-wide", 32), ("uvu-in2-mul", 1), ("uvw", 1)])
