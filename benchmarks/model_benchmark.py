@@ -62,13 +62,18 @@ def main():
         print(f"  {name}: inference (energy+forces) {inf_ms:.2f} ms, training step (loss grad) {step_ms:.2f} ms "
               f"(compile {inf_c:.1f} / {step_c:.1f} s)", flush=True)
 
+    stem = f"{result['date']}-{re.sub('[^a-z0-9]+', '-', dev.device_kind.lower()).strip('-')}-model"
+    write(result, stem, pathlib.Path(a.out))  # the timings survive a run cut short in training
+
     # Training with jequi's backend of the fastest measured training step; the step count
-    # from a short calibration run (a whole step: gradient, optimizer update, host loop).
+    # from a short calibration run on a few batches (a whole step: gradient, optimizer
+    # update, host loop; the first step, which compiles, is not counted).
     best = min((n for n in variants if n.startswith("jequi-")), key=lambda n: result["timings"][n]["train_step_ms"])
     config = variants[best]
     kw = dict(batch_size=a.batch_size, progress=False, energy_weight=30.0)
-    _, calibration = train(config, train_set, None, steps=50, **kw)
+    _, calibration = train(config, train_set[: a.batch_size * 4], None, steps=50, **kw)
     steps = max(100, int(a.train_seconds / calibration.seconds_per_step()))
+    print(f"training {best}: {steps} steps of ~{1e3 * calibration.seconds_per_step():.1f} ms", flush=True)
     t0 = time.perf_counter()
     params, history = train(config, train_set, None, steps=steps, **kw)
     m = evaluate(params, config, make_batches(val_set, config, a.batch_size))
@@ -79,27 +84,29 @@ def main():
                           "untrained_val_energy_mae_meV_per_atom": 1e3 * before["energy_mae"],
                           "untrained_val_force_mae_meV_per_A": 1e3 * before["force_mae"]}
     print(json.dumps(result["training"]), flush=True)
+    write(result, stem, pathlib.Path(a.out))
 
-    stem = f"{result['date']}-{re.sub('[^a-z0-9]+', '-', dev.device_kind.lower()).strip('-')}-model"
-    out = pathlib.Path(a.out)
+
+def write(result, stem, out):
+    """``<stem>.json`` and ``.md`` into `out` (and $OUT); the markdown printed."""
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
     rows = [f"| {n} | {t['inference_ms']:.2f} | {t['train_step_ms']:.2f} |" for n, t in result["timings"].items()]
-    md = "\n".join([f"# NequIP-style model on {result['device']} ({result['date']})", "",
-                    f"hidden {a.hidden}, batch {a.batch_size} structures ({result['batch_nodes']} nodes, {result['batch_edges']} edges)", "",
-                    "| conv | inference ms | training step ms |", "|---|---|---|", *rows, "",
-                    f"Training ({best}): {steps} steps ({result['training']['step_ms']:.1f} ms each) in "
-                    f"{result['training']['seconds']:.0f} s; held-out energy MAE "
-                    f"{result['training']['val_energy_mae_meV_per_atom']:.1f} meV/atom, force MAE "
-                    f"{result['training']['val_force_mae_meV_per_A']:.0f} meV/A (untrained: "
-                    f"{result['training']['untrained_val_energy_mae_meV_per_atom']:.1f} meV/atom, "
-                    f"{result['training']['untrained_val_force_mae_meV_per_A']:.0f} meV/A)"]) + "\n"
+    lines = [f"# NequIP-style model on {result['device']} ({result['date']})", "",
+             f"hidden {result['hidden']}, batch {result['batch_size']} structures ({result['batch_nodes']} nodes, "
+             f"{result['batch_edges']} edges)", "", "| conv | inference ms | training step ms |", "|---|---|---|", *rows]
+    t = result.get("training")
+    if t:
+        lines += ["", f"Training ({t['conv']}): {t['steps']} steps ({t['step_ms']:.1f} ms each) in {t['seconds']:.0f} s; "
+                  f"held-out energy MAE {t['val_energy_mae_meV_per_atom']:.1f} meV/atom, force MAE "
+                  f"{t['val_force_mae_meV_per_A']:.0f} meV/A (untrained: {t['untrained_val_energy_mae_meV_per_atom']:.1f} "
+                  f"meV/atom, {t['untrained_val_force_mae_meV_per_A']:.0f} meV/A)"]
+    md = "\n".join(lines) + "\n"
     (out / f"{stem}.md").write_text(md)
     if os.environ.get("OUT"):
         for f in (out / f"{stem}.json", out / f"{stem}.md"):
             shutil.copy(f, os.environ["OUT"])
-    print(md)
-
+    print(md, flush=True)
 
 if __name__ == "__main__":
     main()

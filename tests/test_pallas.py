@@ -178,6 +178,8 @@ def test_lane_sums_as_tile(name, min_lanes, fresh_kernels, monkeypatch):
     """gy's cross-lane sums taken as one tile reduction per run of positions (the default,
     warp-wide lane vectors only, and down to 1-lane vectors): the TP and conv backward as the
     reference."""
+    if ON_GPU and min_lanes < pallas_kernels.tensor_product.TILE_MIN_LANES:
+        pytest.skip("Triton's compiler crashes on joins of narrower lane vectors (see TILE_MIN_LANES)")
     monkeypatch.setattr(pallas_kernels.tensor_product, "TILE_MIN_LANES", min_lanes)
     tp = WIDE[name]()
     x, y, w = random_inputs(tp, BATCH)
