@@ -4,8 +4,8 @@
 :class:`jequi.Graph` (edges in any order; the graph holds both CSR orders):
 
 * :func:`conv_forward` walks receivers: a program owns a receiver (and a group of output
-  segments, :func:`output_groups`), loops over its edges in
-  receiver order (a dynamic-length loop), computes each edge's product with the generated
+  segments, :func:`output_groups`; on small graphs a slice of its edges,
+  :func:`edge_splits`), loops over its edges in receiver order (a dynamic-length loop), computes each edge's product with the generated
   instruction stream of :mod:`.tensor_product`, keeps the sum in registers and writes the
   output row once. No per-edge output buffer, no atomics: the summation order is fixed by
   the graph, so results are bitwise reproducible.
@@ -95,8 +95,11 @@ ACCUMULATORS_PER_THREAD = 64
 # programs for 132 SMs, each walking ~42 edges in sequence). With ``splits`` parts, program
 # part p takes the p-th of ``splits`` equal slices of the row's edges and writes a partial sum;
 # the partials are added in a fixed order (deterministic). The rule (EDGE_SPLITS None) doubles
-# the parts while the grid has fewer than SPLIT_MIN_WARPS warps (about a quarter of the
-# H100/H200's resident warps) and each part keeps at least SPLIT_MIN_EDGES edges on average.
+# the parts while the grid has fewer than SPLIT_MIN_WARPS warps (about half of what an
+# H100/H200 holds resident) and each part keeps at least SPLIT_MIN_EDGES edges on average.
+# Measured (H200, f32, 500-atom copper, 21,000 edges, the model's channelwise product; tune_conv
+# --edge-splits): fwd+bwd 0.191 ms with 1 part, 0.134 with 2, 0.129 with 4 (the rule's
+# choice), 0.173 with 8; the forward unchanged (0.073-0.080 ms).
 EDGE_SPLITS: int | None = None
 SPLIT_MIN_WARPS = 4096
 SPLIT_MIN_EDGES = 8
