@@ -49,7 +49,8 @@ def main():
 
     # Timing: the same parameters, three convolution implementations.
     params, _ = train(base, train_set[: a.batch_size], steps=1, batch_size=a.batch_size, progress=False)
-    before = evaluate(params, base, make_batches(val_set, base, a.batch_size))
+    val_batches = make_batches(val_set, base, a.batch_size)  # the variants differ in the conv only
+    before = evaluate(params, base, val_batches)
     fast = "pallas" if jax.default_backend() == "gpu" else "xla"
     variants = {f"jequi-{fast}": dataclasses.replace(base, backend=fast), "jequi-xla": dataclasses.replace(base, backend="xla"),
                 "e3nn": dataclasses.replace(base, conv="e3nn")}
@@ -76,7 +77,7 @@ def main():
     print(f"training {best}: {steps} steps of ~{1e3 * calibration.seconds_per_step():.1f} ms", flush=True)
     t0 = time.perf_counter()
     params, history = train(config, train_set, None, steps=steps, **kw)
-    m = evaluate(params, config, make_batches(val_set, config, a.batch_size))
+    m = evaluate(params, config, val_batches)
     result["training"] = {"conv": best, "steps": steps, "seconds": time.perf_counter() - t0,
                           "step_ms": 1e3 * history.seconds_per_step(), "train_structures": a.train_structures,
                           "val_structures": a.val_structures, "val_energy_mae_meV_per_atom": 1e3 * m["energy_mae"],
@@ -107,6 +108,7 @@ def write(result, stem, out):
         for f in (out / f"{stem}.json", out / f"{stem}.md"):
             shutil.copy(f, os.environ["OUT"])
     print(md, flush=True)
+
 
 if __name__ == "__main__":
     main()

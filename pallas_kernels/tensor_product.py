@@ -441,8 +441,9 @@ def num_warps(desc, backward: bool = False) -> int:
     of a channelwise (``uvu``) product runs one warp per program: its ``gy`` cross-lane sums
     then stay in warp shuffles, without shared memory or barriers (H200, MACE-large conv on
     the carbon lattice, f32: fwd+bwd 7.04 ms with 4 warps, 6.66 ms with 1; the batched product
-    at 50,000 rows 3.07 -> 2.94 ms, NequIP-OAM's 3.75 -> 2.07 ms). Products with ``uvw``/``uuw`` paths keep the forward's
-    warps: their 2-D ``(u, w)`` tiles would not fit one warp's registers."""
+    at 50,000 rows 3.07 -> 2.94 ms, NequIP-OAM's 3.75 -> 2.07 ms). Products with ``uvw``/``uuw``
+    paths keep the forward's warps: their 2-D ``(u, w)`` tiles would not fit one warp's
+    registers."""
     knob = BACKWARD_WARPS if backward else FORWARD_WARPS
     if knob is not None:
         return knob

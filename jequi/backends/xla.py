@@ -18,8 +18,8 @@ Each path's output block is added into its output segment and the segments conca
 (no scatter). A problem has a handful of groups (one per output ``l`` for channelwise
 products), not one einsum per path.
 
-``backward`` is ``jax.vjp`` of ``forward`` (in the needed inputs only); convolutions are gather, tensor product and
-``segment_sum``.
+``backward`` is ``jax.vjp`` of ``forward`` (in the needed inputs only); convolutions are
+gather, tensor product and ``segment_sum``.
 """
 
 from __future__ import annotations
