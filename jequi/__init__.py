@@ -11,7 +11,7 @@ training and a shipped model: :mod:`jequi.models`.
 """
 
 from . import problems
-from .atoms import edge_vectors, graph_from_atoms
+from .atoms import edge_vectors, graph_from_atoms, radius_edges
 from .backends import available_backends, default_backend
 from .descriptor import Path, Segment, SparsePlan, TensorProductDescriptor
 from .graph import Graph
@@ -36,4 +36,5 @@ __all__ = [
     "fully_connected",
     "graph_from_atoms",
     "problems",
+    "radius_edges",
 ]

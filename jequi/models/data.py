@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..atoms import graph_from_atoms
+from ..atoms import radius_edges
 from ..graph import Graph
 
 EMT_METALS = ("Al", "Ni", "Cu", "Pd", "Ag", "Pt", "Au")
@@ -114,24 +114,25 @@ class Batch:
     forces: jnp.ndarray  # (n_node, 3)
 
 
-def radius_graphs(structures: list[Structure], cutoff: float) -> list[Graph]:
-    """Each structure's :func:`~jequi.graph_from_atoms` graph."""
-    return [graph_from_atoms(s.to_atoms(), cutoff) for s in structures]
+def structure_edges(structures: list[Structure], cutoff: float) -> list[tuple]:
+    """Each structure's radius-graph edges ``(senders, receivers, shifts)`` as host arrays
+    (:func:`jequi.atoms.radius_edges`)."""
+    return [radius_edges(s.to_atoms(), cutoff) for s in structures]
 
 
 def batch(
-    structures: list[Structure], config, n_node: int | None = None, n_edge: int | None = None, graphs=None
+    structures: list[Structure], config, n_node: int | None = None, n_edge: int | None = None, edges=None
 ) -> Batch:
     """Concatenate `structures` into one padded graph of `n_node` nodes and `n_edge` edges
     (default: exactly what they need), for a model with `config` (cutoff and species).
-    `graphs`: their :func:`radius_graphs` at ``config.cutoff``, when already built."""
-    if graphs is None:
-        graphs = radius_graphs(structures, config.cutoff)
+    `edges`: their :func:`structure_edges` at ``config.cutoff``, when already built."""
+    if edges is None:
+        edges = structure_edges(structures, config.cutoff)
     senders, receivers, shifts, offset = [], [], [], 0
-    for s, g in zip(structures, graphs):
-        senders.append(np.asarray(g.senders) + offset)
-        receivers.append(np.asarray(g.receivers) + offset)
-        shifts.append(np.asarray(g.shifts) @ s.cell)
+    for s, (snd, rcv, shift) in zip(structures, edges):
+        senders.append(snd + offset)
+        receivers.append(rcv + offset)
+        shifts.append(shift @ s.cell)
         offset += len(s.numbers)
     senders, receivers, shifts = (np.concatenate(a) if a else np.zeros((0,)) for a in (senders, receivers, shifts))
     n_node = offset if n_node is None else n_node

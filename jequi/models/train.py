@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .data import Batch, Structure, batch, radius_graphs
+from .data import Batch, Structure, batch, structure_edges
 from .nequip import NequIP, NequIPConfig
 
 
@@ -51,12 +51,12 @@ def fit_species_shift(config: NequIPConfig, structures: list[Structure]) -> np.n
 
 def make_batches(structures, config, batch_size: int):
     """Fixed-size padded batches (one shape: one compilation)."""
-    graphs = radius_graphs(structures, config.cutoff)
-    atoms = max(len(s.numbers) for s in structures)
-    edges = max(g.num_edges for g in graphs)
+    edges = structure_edges(structures, config.cutoff)
+    n_atoms = max(len(s.numbers) for s in structures)
+    n_edges = max(len(e[0]) for e in edges)
     starts = range(0, len(structures), batch_size)
     return [
-        batch(structures[i : i + batch_size], config, batch_size * atoms, batch_size * edges, graphs[i : i + batch_size])
+        batch(structures[i : i + batch_size], config, batch_size * n_atoms, batch_size * n_edges, edges[i : i + batch_size])
         for i in starts
     ]
 
