@@ -3,13 +3,14 @@
     python3 benchmarks/tune_conv.py [--problems mace-large] [--graph carbon] [--tp-batch 50000]
         [--channelwise IN1:IN2:OUT] [--no-conv] [--steps 1,2,4] [--accumulators 32,64,128]
         [--forward-warps auto,1,2,4] [--backward-warps auto,1,2,4] [--lane-sums element,tile]
-        [--edge-splits auto,1,2,4,8]
+        [--edge-splits auto,1,2,4,8] [--rows auto,1,8]
 
 Knobs (module constants): EDGES_PER_STEP (edges per loop step), ACCUMULATORS_PER_THREAD
 (forward output grouping), EDGE_SPLITS (programs per row's edges, auto = edge_splits' rule)
 of pallas_kernels.conv; FORWARD_WARPS and BACKWARD_WARPS (warps
-per program, auto = num_warps' rule) and LANE_SUMS (gy's cross-lane sums per element or as one
-tile) of pallas_kernels.tensor_product. Prints conv fwd and fwd+bwd ms per setting (unless
+per program, auto = num_warps' rule), LANE_SUMS (gy's cross-lane sums per element or as one
+tile) and ROWS_PER_PROGRAM (the batched product's rows per program) of
+pallas_kernels.tensor_product. Prints conv fwd and fwd+bwd ms per setting (unless
 --no-conv), and with --tp-batch the batched product's too. --channelwise adds a product of
 one's own irreps (jequi.channelwise), e.g. a model's convolution.
 """
@@ -35,6 +36,7 @@ KNOBS = {  # option -> (module, constant, parse)
     "backward_warps": (tensor_product, "BACKWARD_WARPS", lambda v: None if v == "auto" else int(v)),
     "lane_sums": (tensor_product, "LANE_SUMS", str),
     "edge_splits": (conv, "EDGE_SPLITS", lambda v: None if v == "auto" else int(v)),
+    "rows": (tensor_product, "ROWS_PER_PROGRAM", lambda v: None if v == "auto" else int(v)),
 }
 
 
@@ -52,7 +54,7 @@ def main():
     ap.add_argument("--tp-batch", type=int, default=0, help="also time the batched product on this many rows")
     ap.add_argument("--conv", action=argparse.BooleanOptionalAction, default=True, help="time the conv")
     defaults = {"steps": "1", "accumulators": "64", "forward_warps": "auto", "backward_warps": "auto", "lane_sums": "tile",
-                "edge_splits": "auto"}
+                "edge_splits": "auto", "rows": "auto"}
     for name, default in defaults.items():
         ap.add_argument("--" + name.replace("_", "-"), default=default)
     a = ap.parse_args()

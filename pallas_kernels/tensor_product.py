@@ -424,7 +424,14 @@ def rows_loop(n_rows: int, rows_per_program: int, body):
     jax.lax.fori_loop(0, rows_per_program, step, 0)
 
 
+# Batch rows per program of the batched product; None: 8 from 8,192 rows, else 1 (a knob
+# for benchmarks/tune_conv.py --rows).
+ROWS_PER_PROGRAM: int | None = None
+
+
 def _rows_per_program(n: int) -> int:
+    if ROWS_PER_PROGRAM is not None:
+        return ROWS_PER_PROGRAM
     return 8 if n >= 8 * 1024 else 1
 
 
