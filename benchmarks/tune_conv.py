@@ -3,7 +3,7 @@
     python3 benchmarks/tune_conv.py [--problems mace-large] [--graph carbon] [--tp-batch 50000]
         [--channelwise IN1:IN2:OUT] [--no-conv] [--steps 1,2,4] [--accumulators 32,64,128]
         [--forward-warps auto,1,2,4] [--backward-warps auto,1,2,4] [--lane-sums element,tile]
-        [--edge-splits auto,1,2,4,8] [--rows auto,1,8]
+        [--edge-splits auto,1,2,4,8] [--rows auto,1,8] [--no-backward]
 
 Knobs (module constants): EDGES_PER_STEP (edges per loop step), ACCUMULATORS_PER_THREAD
 (forward output grouping), EDGE_SPLITS (programs per row's edges, auto = edge_splits' rule)
@@ -40,9 +40,15 @@ KNOBS = {  # option -> (module, constant, parse)
 }
 
 
-def fwd_and_both(f, g):
-    """Jitted ``f`` and ``f`` with its gradients (the loss ``<f(x, y, w), g>``)."""
-    return jax.jit(f), jax.jit(jax.value_and_grad(lambda x, y, w: jnp.vdot(f(x, y, w), g), (0, 1, 2)))
+def time_both(f, g, args, backward: bool) -> str:
+    """`` fwd ms (compile s)[, fwd+bwd ms (compile s)]`` of ``f`` and of ``f`` with its
+    gradients (the loss ``<f(x, y, w), g>``)."""
+    fwd_ms, fwd_c = timed(jax.jit(f), args)
+    text = f" fwd {fwd_ms:.3f} ms (compile {fwd_c:.1f} s)"
+    if backward:
+        both_ms, both_c = timed(jax.jit(jax.value_and_grad(lambda x, y, w: jnp.vdot(f(x, y, w), g), (0, 1, 2))), args)
+        text += f", fwd+bwd {both_ms:.3f} ms (compile {both_c:.1f} s)"
+    return text
 
 
 def main():
@@ -53,11 +59,14 @@ def main():
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--tp-batch", type=int, default=0, help="also time the batched product on this many rows")
     ap.add_argument("--conv", action=argparse.BooleanOptionalAction, default=True, help="time the conv")
+    ap.add_argument("--backward", action=argparse.BooleanOptionalAction, default=True, help="time fwd+bwd too")
     defaults = {"steps": "1", "accumulators": "64", "forward_warps": "auto", "backward_warps": "auto", "lane_sums": "tile",
                 "edge_splits": "auto", "rows": "auto"}
     for name, default in defaults.items():
         ap.add_argument("--" + name.replace("_", "-"), default=default)
     a = ap.parse_args()
+    if a.dtype == "float64":
+        jax.config.update("jax_enable_x64", True)
     build, cutoff = structures.STRUCTURES[a.graph]
     atoms = build()
     graph = jequi.graph_from_atoms(atoms, cutoff)
@@ -78,12 +87,9 @@ def main():
             jax.clear_caches()
             line = " ".join(f"{k}={v}" for k, v in zip(KNOBS, setting)) + ":"
             if a.conv:
-                fwd, both = fwd_and_both(lambda x, y, w: tp.conv(x, y, w, graph, backend="pallas"), g)
-                both_ms, compile_s = timed(both, (x, y, w))
-                line += f" conv fwd {timed(fwd, (x, y, w))[0]:.3f} ms, fwd+bwd {both_ms:.3f} ms (compile {compile_s:.1f} s)"
+                line += " conv" + time_both(lambda x, y, w: tp.conv(x, y, w, graph, backend="pallas"), g, (x, y, w), a.backward)
             if b:
-                fwd, both = fwd_and_both(lambda x, y, w: tp(x, y, w, backend="pallas"), bg)
-                line += f" tp fwd {timed(fwd, (bx, by, bw))[0]:.3f} ms, fwd+bwd {timed(both, (bx, by, bw))[0]:.3f} ms"
+                line += " tp" + time_both(lambda x, y, w: tp(x, y, w, backend="pallas"), bg, (bx, by, bw), a.backward)
             print(f"{name} {a.dtype} {line}", flush=True)
 
 
