@@ -45,8 +45,9 @@ def time_both(f, g, args, backward: bool) -> str:
     gradients (the loss ``<f(x, y, w), g>``)."""
     fwd_ms, fwd_c = timed(jax.jit(f), args)
     text = f" fwd {fwd_ms:.3f} ms (compile {fwd_c:.1f} s)"
-    if backward:
-        both_ms, both_c = timed(jax.jit(jax.value_and_grad(lambda x, y, w: jnp.vdot(f(x, y, w), g), (0, 1, 2))), args)
+    if backward:  # g is an argument: a captured array would be embedded as a constant
+        both = jax.jit(jax.value_and_grad(lambda x, y, w, g: jnp.vdot(f(x, y, w), g), (0, 1, 2)))
+        both_ms, both_c = timed(both, (*args, g))
         text += f", fwd+bwd {both_ms:.3f} ms (compile {both_c:.1f} s)"
     return text
 
