@@ -6,7 +6,8 @@
 # then, with carry [".peers", "ab_old"]:  bash benchmarks/ab_tune.sh [tune_conv.py args]
 # DTYPES (default "float32 float64"); AB_TIMEOUT bounds each tune_conv.py run (seconds).
 set -uo pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .peers/*.whl
+# The wheels once per machine (a warm machine keeps /tmp between calls).
+[ -d /tmp/site/e3nn_jax ] || python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .peers/*.whl
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 cd benchmarks
 for dt in ${DTYPES:-float32 float64}; do
