@@ -492,6 +492,7 @@ def main():
     ap.add_argument("--repeat", type=int, default=None, help="repetitions, median taken (default 5)")
     ap.add_argument("--calls", type=int, default=None, help="calls per repetition (default 10)")
     ap.add_argument("--impls", help="comma list of implementations to run (jequi-<backend>, e3nn, cuex, oeq, oeq-det)")
+    ap.add_argument("--passes", help="comma list of passes to run (default all: fwd,bwd,dbl; with --conv fwd,fwd+bwd)")
     ap.add_argument("--conv", action="store_true", help="fused convolution on real structures' graphs instead")
     ap.add_argument("--graphs", default="carbon,water", help="--conv: comma list of carbon, water, random")
     ap.add_argument("--nodes", type=int, default=None, help="--conv random graph: nodes (default 4096)")
@@ -521,6 +522,11 @@ def main():
           f"jequi backends {jequi.available_backends()}", flush=True)
     stem = f"{date}-{device_slug(dev.device_kind)}-{meta['mode']}" + (f"-{a.tag}" if a.tag else "")
     passes = conv_passes() if a.conv else tp_passes()
+    if a.passes:
+        unknown = set(a.passes.split(",")) - set(passes)
+        if unknown:
+            ap.error(f"unknown passes {sorted(unknown)}; known: {', '.join(passes)}")
+        passes = {p: make for p, make in passes.items() if p in a.passes.split(",")}
     result = {"meta": meta, "rows": []}
     key = jax.random.key(0)
 

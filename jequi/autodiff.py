@@ -34,8 +34,15 @@ parameters, so the loss gradient's backward calls never compute ``gy`` (on the P
 backend, its cross-channel sums are the most expensive part of the backward kernel), and each
 of the three backward calls above skips the gradient its cotangent replaces.
 
+A backend may fuse the rule (``second`` of :func:`trilinear_op`): the identity's sums,
+described by a :class:`SecondOrder`, in one pass per kind of result. The pallas backend runs
+``d/dgz`` as one forward-like kernel over up to three triples and ``d/dx, d/dy, d/dw`` as one
+backward-like kernel over up to two pairs each, instead of up to three forward and three
+backward calls (each reading its own copies of ``x, y, w, gz``) and the XLA additions.
+
 Because the rule above is written with ``op`` and ``op_backward`` themselves, its own VJP
-is again this rule: reverse-mode derivatives of every order need no further kernels.
+is again this rule: reverse-mode derivatives of every order need no further kernels (a fused
+second order is differentiated through the composed rule).
 ``jit`` works because everything is traceable; ``vmap`` works because custom_vjp functions
 batch by batching their rules, whose pieces are batchable kernels. Forward-mode (``jvp``)
 is not available, as for any ``custom_vjp`` function.
@@ -72,6 +79,52 @@ class _Perturbed:
         return cls(tuple(bool(p.perturbed) for p in primals))
 
 
+# Positions of the double backward's operands in the tuple it passes around
+# ``(x, y, w, gz, ggx, ggy, ggw)``; the terms of :class:`SecondOrder` name them so.
+X, Y, W, GZ, GGX, GGY, GGW = range(7)
+
+
+@jax.tree_util.register_static
+@dataclasses.dataclass(frozen=True)
+class SecondOrder:
+    """The terms of the identity above that one double backward computes, as positions in
+    ``(x, y, w, gz, ggx, ggy, ggw)``:
+
+    * ``dgz``: triples ``(x-like, y-like, w-like)``, ``d/dgz = sum of f(...)`` over them;
+    * ``dx``: pairs ``(y-like, w-like)``, ``d/dx = sum of B(., y, w, gz).gx``;
+    * ``dy``: pairs ``(x-like, w-like)``; ``dw``: pairs ``(x-like, y-like)``, likewise.
+
+    Only terms whose cotangent is nonzero and whose result is wanted (the input is perturbed)
+    appear. A backend with a fused second order computes each sum in one kernel pass: the
+    ``B`` terms of all three results share their reads of ``x, y, w, gz`` (and the
+    cotangents), and nothing is written but the four results."""
+
+    dgz: tuple = ()
+    dx: tuple = ()
+    dy: tuple = ()
+    dw: tuple = ()
+
+    @classmethod
+    def of(cls, perturbed, nonzero) -> "SecondOrder":
+        """From which of ``(x, y, w, gz)`` are perturbed and which of ``(ggx, ggy, ggw)``
+        are nonzero."""
+        px, py, pw, pgz = perturbed
+        hx, hy, hw = nonzero
+
+        def keep(want, *candidates):
+            return tuple(term for term, has in candidates if has) if want else ()
+
+        return cls(
+            dgz=keep(pgz, ((GGX, Y, W), hx), ((X, GGY, W), hy), ((X, Y, GGW), hw)),
+            dx=keep(px, ((GGY, W), hy), ((Y, GGW), hw)),
+            dy=keep(py, ((GGX, W), hx), ((X, GGW), hw)),
+            dw=keep(pw, ((GGX, Y), hx), ((X, GGY), hy)),
+        )
+
+    def __bool__(self) -> bool:
+        return bool(self.dgz or self.dx or self.dy or self.dw)
+
+
 class TrilinearOp(NamedTuple):
     """The pair of differentiable functions built by :func:`trilinear_op`."""
 
@@ -79,8 +132,14 @@ class TrilinearOp(NamedTuple):
     backward: Callable  # (needs, x, y, w, gz, *aux) -> (gx, gy, gw), None where not needed
 
 
-def trilinear_op(forward: Callable, backward: Callable) -> TrilinearOp:
-    """Wrap a backend's ``forward``/``backward`` kernels into differentiable functions."""
+def trilinear_op(forward: Callable, backward: Callable, second: Callable | None = None) -> TrilinearOp:
+    """Wrap a backend's ``forward``/``backward`` kernels into differentiable functions.
+
+    ``second(spec, arrays, *aux) -> (dx, dy, dw, dgz)`` (optional) is a backend's fused
+    double backward: the sums of a :class:`SecondOrder` ``spec`` over ``arrays = (x, y, w,
+    gz, ggx, ggy, ggw)`` (None for a zero cotangent), None for an empty sum. Without it the
+    double backward composes ``forward`` and ``backward`` calls; with it, the composition is
+    the fused op's derivative (third and higher orders)."""
 
     @jax.custom_vjp
     def apply(x, y, w, *aux):
@@ -112,34 +171,42 @@ def trilinear_op(forward: Callable, backward: Callable) -> TrilinearOp:
 
     def backward_bwd(needs, res, cts):
         x, y, w, gz, aux, perturbed = res
-        px, py, pw, pgz = perturbed.flags
-        ggx, ggy, ggw = cts  # None for a gradient that was not computed
-
-        def grads(x, y, w, wanted):  # backward_op for the perturbed inputs among `wanted`
-            needs = tuple(a and b for a, b in zip(wanted, (px, py, pw)))
-            return backward_op(needs, x, y, w, gz, *aux) if any(needs) else (None,) * 3
-
-        dgz, dx, dy, dw = [], [], [], []
-        if not _is_zero(ggx):
-            if pgz:
-                dgz.append(apply(ggx, y, w, *aux))
-            _, gy1, gw1 = grads(ggx, y, w, (False, True, True))
-            dy.append(gy1)
-            dw.append(gw1)
-        if not _is_zero(ggy):
-            if pgz:
-                dgz.append(apply(x, ggy, w, *aux))
-            gx2, _, gw2 = grads(x, ggy, w, (True, False, True))
-            dx.append(gx2)
-            dw.append(gw2)
-        if not _is_zero(ggw):
-            if pgz:
-                dgz.append(apply(x, y, ggw, *aux))
-            gx3, gy3, _ = grads(x, y, ggw, (True, True, False))
-            dx.append(gx3)
-            dy.append(gy3)
-        dx, dy, dw = ([t for t in terms if t is not None] for terms in (dx, dy, dw))
-        return (_total(dx), _total(dy), _total(dw), _total(dgz), *(None for _ in aux))
+        spec = SecondOrder.of(perturbed.flags, [not _is_zero(ct) for ct in cts])
+        if not spec:
+            return (None,) * (4 + len(aux))
+        arrays = (x, y, w, gz, *(None if _is_zero(ct) else ct for ct in cts))
+        dx, dy, dw, dgz = (second_op if second else composed)(spec, arrays, *aux)
+        return (dx, dy, dw, dgz, *(None for _ in aux))
 
     backward_op.defvjp(backward_fwd, backward_bwd, symbolic_zeros=True)
+
+    def composed(spec, arrays, *aux):
+        """The sums of `spec` from ``apply`` and ``backward_op`` calls: one backward call per
+        substituted cotangent, ``B(a, b, c, gz)`` giving the pairs ``(b, c)`` of ``dx``,
+        ``(a, c)`` of ``dy`` and ``(a, b)`` of ``dw``."""
+        gz = arrays[GZ]
+        dgz = _total([apply(*(arrays[i] for i in term), *aux) for term in spec.dgz])
+        sums = ([], [], [])
+        for a, b, c in ((GGX, Y, W), (X, GGY, W), (X, Y, GGW)):
+            wanted = ((b, c) in spec.dx, (a, c) in spec.dy, (a, b) in spec.dw)
+            if any(wanted):
+                grads = backward_op(wanted, arrays[a], arrays[b], arrays[c], gz, *aux)
+                for terms, grad in zip(sums, grads):
+                    if grad is not None:
+                        terms.append(grad)
+        return (*(_total(terms) for terms in sums), dgz)
+
+    @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+    def second_op(spec, arrays, *aux):
+        return tuple(second(spec, arrays, *aux))
+
+    def second_fwd(spec, arrays, *aux):
+        return second_op(spec, arrays, *aux), (arrays, aux)
+
+    def second_bwd(spec, res, cts):
+        arrays, aux = res
+        _, vjp = jax.vjp(lambda arrays: composed(spec, arrays, *aux), arrays)
+        return (*vjp(tuple(cts)), *(None for _ in aux))
+
+    second_op.defvjp(second_fwd, second_bwd)
     return TrilinearOp(apply, backward_op)

@@ -23,6 +23,7 @@ def _tp_op(desc: TensorProductDescriptor, backend: str) -> TrilinearOp:
     return trilinear_op(
         functools.partial(b.forward, desc),
         functools.partial(b.backward, desc),
+        functools.partial(b.second, desc) if b.second else None,
     )
 
 
@@ -34,9 +35,13 @@ def _conv_op(desc: TensorProductDescriptor, backend: str, static: tuple, kahan: 
     def unpack(arrays):
         return graph_lib.Graph.from_index_arrays(arrays, static)
 
+    second = None
+    if b.conv_second:
+        second = lambda spec, arrays, *g: b.conv_second(desc, spec, arrays, unpack(g), **options)  # noqa: E731
     return trilinear_op(
         lambda x, y, w, *g: b.conv_forward(desc, x, y, w, unpack(g), **options),
         lambda x, y, w, gout, *g, needs: b.conv_backward(desc, x, y, w, gout, unpack(g), needs=needs, **options),
+        second,
     )
 
 

@@ -1,7 +1,10 @@
 """Pallas GPU kernels of jequi (Triton lowering on GPU, interpret mode on CPU)."""
 
-from .conv import conv_backward, conv_forward
+from .conv import conv_backward, conv_backward_sum, conv_forward, conv_forward_sum
 from .lowering import on_gpu
-from .tensor_product import ALL, SUPPORTED_MODES, backward, forward, unsupported_modes
+from .tensor_product import ALL, SUPPORTED_MODES, backward, backward_sum, forward, forward_sum, unsupported_modes
 
-__all__ = ["ALL", "SUPPORTED_MODES", "backward", "conv_backward", "conv_forward", "forward", "on_gpu", "unsupported_modes"]
+__all__ = [
+    "ALL", "SUPPORTED_MODES", "backward", "backward_sum", "conv_backward", "conv_backward_sum", "conv_forward",
+    "conv_forward_sum", "forward", "forward_sum", "on_gpu", "unsupported_modes",
+]  # fmt: skip

@@ -28,12 +28,16 @@ from jax.experimental import pallas as pl
 from .lowering import pallas_call
 from .tensor_product import (
     ALL,
+    FORWARD_TERMS,
+    Pairs,
     Row,
     backward_row,
+    backward_terms,
     forward_values,
     inactive_paths,
     needed_outputs,
     num_warps,
+    row_refs,
     rows_loop,
     slots,
     storer,
@@ -151,22 +155,35 @@ def output_groups(desc) -> list[list[int]]:
     return groups
 
 
-@functools.partial(jax.jit, static_argnames=("desc", "num_nodes", "edges_sorted", "kahan"))
-def conv_forward(
-    desc, x, y, w, receiver_senders, receiver_order, receiver_offsets, *, num_nodes: int, edges_sorted: bool = False,
-    kahan: bool = False,
+def _split_refs(used, refs, node_positions):
+    """``(refs of the node-indexed arrays, refs of the edge-indexed ones)`` as position -> ref."""
+    ref_of = dict(zip(used, refs))
+    nodes = {a: ref_of[a] for a in used if a in node_positions}
+    return nodes, {a: ref for a, ref in ref_of.items() if a not in nodes}
+
+
+@functools.partial(jax.jit, static_argnames=("desc", "terms", "num_nodes", "edges_sorted", "kahan"))
+def conv_forward_sum(
+    desc, arrays, receiver_senders, receiver_order, receiver_offsets, *, terms=FORWARD_TERMS, num_nodes: int,
+    edges_sorted: bool = False, kahan: bool = False,
 ):  # fmt: skip
-    """``out (num_nodes, out.dim)``; the index arrays as in :class:`jequi.Graph`
-    (``edges_sorted``: ``receiver_order`` is the identity and is not read)."""
-    d1, d2, do = desc.dims
-    nw = desc.weight_numel
-    shared = w.ndim == 1
-    dtype = x.dtype
+    """``out (num_nodes, out.dim)``, the conv of the sum of the trilinear `terms` (positions
+    in `arrays`, as :func:`~pallas_kernels.tensor_product.forward_sum`): ``x``-like arrays
+    are per node (read at the edge's sender), ``y``- and ``w``-like ones per edge. The index
+    arrays as in :class:`jequi.Graph` (``edges_sorted``: ``receiver_order`` is the identity
+    and is not read)."""
+    do = desc.dims[2]
+    used = sorted({a for term in terms for a in term})
+    node_positions = {i for i, _, _ in terms}
+    num_edges = arrays[terms[0][1]].shape[0]
+    dtype = arrays[terms[0][0]].dtype
     groups = output_groups(desc)
     warps = num_warps(desc)
-    splits = edge_splits(num_nodes, y.shape[0], len(groups), warps)
+    splits = edge_splits(num_nodes, num_edges, len(groups), warps)
 
-    def kernel(x_ref, y_ref, w_ref, s_ref, order_ref, off_ref, z_ref):
+    def kernel(*refs):
+        s_ref, order_ref, off_ref, z_ref = refs[len(used) :]
+        node_refs, edge_refs = _split_refs(used, refs[: len(used)], node_positions)
         column = pl.program_id(1)  # read outside the loops (interpret mode needs it there)
         group, part = column // splits, column % splits
 
@@ -178,8 +195,8 @@ def conv_forward(
                 def _():
                     def edge(k):
                         e = k if edges_sorted else order_ref[k]
-                        rw = Row(w_ref, 0 if shared else e * nw)
-                        return forward_values(desc, Row(x_ref, s_ref[k] * d1), Row(y_ref, e * d2), rw, outputs)
+                        rows = {**row_refs(arrays, node_refs, s_ref[k]), **row_refs(arrays, edge_refs, e)}
+                        return forward_values(desc, [(rows[i], rows[j], rows[c]) for i, j, c in terms], outputs)
 
                     init = [jnp.zeros(idx.shape, dtype) for idx in out_slots]
                     total = _edge_loop(*_part(off_ref, r, part, splits), edge, init, kahan)
@@ -192,8 +209,13 @@ def conv_forward(
     out = pallas_call(
         kernel, jax.ShapeDtypeStruct((splits * num_nodes * do,), dtype), (num_nodes, len(groups) * splits), warps,
         name="jequi_conv_fwd",
-    )(x.reshape(-1), y.reshape(-1), w.reshape(-1), receiver_senders, receiver_order, receiver_offsets)
+    )(*(arrays[a].reshape(-1) for a in used), receiver_senders, receiver_order, receiver_offsets)
     return _add_parts(out.reshape(splits, num_nodes, do))
+
+
+def conv_forward(desc, x, y, w, receiver_senders, receiver_order, receiver_offsets, **options):
+    """``out (num_nodes, out.dim)`` (`options` as :func:`conv_forward_sum`'s)."""
+    return conv_forward_sum(desc, (x, y, w), receiver_senders, receiver_order, receiver_offsets, **options)
 
 
 def input_groups(desc) -> list[tuple[list[int], list]]:
@@ -209,22 +231,28 @@ def input_groups(desc) -> list[tuple[list[int], list]]:
     return used
 
 
-@functools.partial(jax.jit, static_argnames=("desc", "needs", "kahan"))
-def conv_backward(
-    desc, x, y, w, gout, sender_receivers, sender_order, sender_offsets, *, needs=ALL, kahan: bool = False
+@functools.partial(jax.jit, static_argnames=("desc", "terms", "shared_weights", "kahan"))
+def conv_backward_sum(
+    desc, gout, arrays, sender_receivers, sender_order, sender_offsets, *, terms, shared_weights: bool,
+    kahan: bool = False,
 ):  # fmt: skip
-    """``(gx, gy, gw)`` of :func:`conv_forward` for the output cotangent ``gout``, None for
-    those not flagged in `needs`; the index arrays as in :class:`jequi.Graph` (the last
-    bucket of ``sender_offsets`` holds the dropped edges, which get zero ``gy`` and ``gw``).
-    A program owns a sender and an :func:`input_groups` group (and a part of the sender's
-    edges, :func:`edge_splits`); each group writes its own partial ``gy`` and each part its
-    own partial ``gx``, summed here. Shared weights get ``gw`` summed over edges."""
-    num_senders = x.shape[0]
-    num_edges = y.shape[0]
+    """``(gx, gy, gw)`` of the conv for the output cotangent ``gout``, each the sum over its
+    pairs in ``terms = (gx pairs, gy pairs, gw pairs)`` (positions in `arrays`, as
+    :func:`~pallas_kernels.tensor_product.backward_sum`; ``x``-like arrays per node, the
+    others per edge), None for a gradient without pairs; the index arrays as in
+    :class:`jequi.Graph` (the last bucket of ``sender_offsets`` holds the dropped edges, which
+    get zero ``gy`` and ``gw``). A program owns a sender and an :func:`input_groups` group
+    (and a part of the sender's edges, :func:`edge_splits`); each group writes its own
+    partial ``gy`` and each part its own partial ``gx``, summed here. With
+    `shared_weights`, ``gw`` is summed over edges."""
+    used = sorted({a for pairs in terms for pair in pairs for a in pair})
+    node_positions = {a for a, _ in terms[1] + terms[2]}
+    num_senders = sender_offsets.shape[0] - 2
+    num_edges = sender_order.shape[0]
     d1, d2, do = desc.dims
     nw = desc.weight_numel
-    shared = w.ndim == 1
-    dtype = x.dtype
+    dtype = gout.dtype
+    needs = tuple(bool(pairs) for pairs in terms)
     in2_slots = slots(desc.in2)
     groups = input_groups(desc)
     inactive = inactive_paths(desc) if needs[2] else []
@@ -239,7 +267,9 @@ def conv_backward(
         ],
     )
 
-    def kernel(x_ref, y_ref, w_ref, g_ref, r_ref, order_ref, off_ref, *out_refs):
+    def kernel(g_ref, *refs):
+        node_refs, edge_refs = _split_refs(used, refs[: len(used)], node_positions)
+        r_ref, order_ref, off_ref, *out_refs = refs[len(used) :]
         gx_ref, gy_ref, gw_ref = unpack(out_refs)
         column = pl.program_id(1)  # read outside the loops (interpret mode needs it there)
         group, part = column // splits, column % splits
@@ -254,12 +284,10 @@ def conv_backward(
                 def _():
                     def edge(k):
                         e = order_ref[k]
-                        rw = Row(w_ref, 0 if shared else e * nw)
+                        rows = {**row_refs(arrays, node_refs, n), **row_refs(arrays, edge_refs, e)}
+                        pairs = Pairs(*(tuple((rows[i], rows[j]) for i, j in pairs) for pairs in terms))
                         store_gw = None if gw_ref is None else storer(gw_ref, e * nw)
-                        gx, gy = backward_row(
-                            desc, Row(x_ref, n * d1), Row(y_ref, e * d2), rw, Row(g_ref, r_ref[k] * do),
-                            store_gw, dtype, paths, needs,
-                        )  # fmt: skip
+                        gx, gy = backward_row(desc, Row(g_ref, r_ref[k] * do), pairs, store_gw, dtype, paths)
                         if gi == 0:
                             zero_weights(inactive, store_gw, dtype)
                         if gy_ref is not None:
@@ -296,7 +324,7 @@ def conv_backward(
     gx, gy, gw = unpack(
         pallas_call(
             kernel, shapes, (num_senders + 1, len(groups) * splits), warps, name="jequi_conv_bwd"
-        )(x.reshape(-1), y.reshape(-1), w.reshape(-1), gout.reshape(-1), sender_receivers, sender_order, sender_offsets)
+        )(gout.reshape(-1), *(arrays[a].reshape(-1) for a in used), sender_receivers, sender_order, sender_offsets)
     )
     if gx is not None:
         gx = _add_parts(gx.reshape(splits, num_senders, d1))
@@ -304,5 +332,14 @@ def conv_backward(
         gy = _add_parts(gy.reshape(len(groups), num_edges, d2))
     if gw is not None:
         gw = gw.reshape(num_edges, nw)
-        gw = gw.sum(0) if shared else gw
+        gw = gw.sum(0) if shared_weights else gw
     return gx, gy, gw
+
+
+def conv_backward(desc, x, y, w, gout, sender_receivers, sender_order, sender_offsets, *, needs=ALL, kahan=False):
+    """``(gx, gy, gw)`` of :func:`conv_forward` for the output cotangent ``gout``, None for
+    those not flagged in `needs`."""
+    return conv_backward_sum(
+        desc, gout, (x, y, w), sender_receivers, sender_order, sender_offsets, terms=backward_terms(needs),
+        shared_weights=w.ndim == 1, kahan=kahan,
+    )  # fmt: skip

@@ -17,6 +17,7 @@ which every path is weighted.
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -133,10 +134,12 @@ def slots(segments) -> list[np.ndarray]:
     return out
 
 
-# --- forward --------------------------------------------------------------------------------
-def forward_values(desc, rx: Row, ry: Row, rw: Row, outputs=None) -> list:
-    """One row of ``z``: a value per slot of :func:`slots` ``([desc.out[s] for s in
-    outputs])`` (default: every output segment)."""
+# --- forward ---------------------------------------------------------------------------------
+def forward_values(desc, triples, outputs=None) -> list:
+    """One row of ``z = sum of f(x, y, w) over (x, y, w) in triples`` (rows of
+    :class:`Row`): a value per slot of :func:`slots` ``([desc.out[s] for s in outputs])``
+    (default: every output segment). The first-order forward has one triple; the double
+    backward's ``d gz`` term has up to three (:mod:`jequi.autodiff`)."""
     by_out = {}
     for p in desc.active_paths:
         by_out.setdefault(p.i_out, []).append(p)
@@ -146,8 +149,9 @@ def forward_values(desc, rx: Row, ry: Row, rw: Row, outputs=None) -> list:
         for c0, cs in chunks(seg.mul):
             acc = [None] * seg.ir_dim
             for p in by_out.get(s, []):
-                _forward_path(desc, p, c0, cs, rx, ry, rw, acc)
-            values.extend(a if a is not None else jnp.zeros((cs,), rx.ref.dtype) for a in acc)
+                for rx, ry, rw in triples:
+                    _forward_path(desc, p, c0, cs, rx, ry, rw, acc)
+            values.extend(a if a is not None else jnp.zeros((cs,), triples[0][0].ref.dtype) for a in acc)
     return values
 
 
@@ -294,36 +298,32 @@ def zero_weights(paths, store_gw, dtype):
             store_gw(p.weight_offset + np.arange(c0, c0 + cs), jnp.zeros((cs,), dtype))
 
 
-def backward_row(desc, rx: Row, ry: Row, rw: Row, rg: Row, store_gw, dtype, paths=None, needs=ALL):
+class Pairs(NamedTuple):
+    """What a backward row sums, as pairs of input rows (:class:`Row`): ``gx`` is the sum of
+    ``B_x(y, w)`` over its ``(y, w)`` pairs, ``gy`` of ``B_y(x, w)`` over ``(x, w)``, ``gw`` of
+    ``B_w(x, y)`` over ``(x, y)``, all against the output cotangent ``g``. The first-order
+    backward has one pair per gradient it needs, the double backward's ``d x, d y, d w`` two
+    each (:mod:`jequi.autodiff`); an empty tuple: that gradient is not computed."""
+
+    gx: tuple = ()
+    gy: tuple = ()
+    gw: tuple = ()
+
+
+def _unique(rows) -> list:
+    return list(dict.fromkeys(rows))
+
+
+def backward_row(desc, rg: Row, pairs: Pairs, store_gw, dtype, paths=None):
     """One row of the backward of `paths` (default: all, and then zeros for the inactive
-    ones): stores their ``gw`` and returns the ``gx`` and ``gy`` accumulators (:class:`_Grads`),
-    of the gradients flagged in `needs` (``store_gw`` is unused without ``gw``)."""
+    ones): stores their ``gw`` and returns the ``gx`` and ``gy`` accumulators (:class:`_Grads`)
+    of `pairs` (``store_gw`` is unused without ``gw`` pairs)."""
     gx, gy = _Grads(), _Grads()
     for p in desc.active_paths if paths is None else paths:
-        _backward_path(desc, p, rx, ry, rw, rg, gx, gy, store_gw, needs)
-    if paths is None and needs[2]:
+        _backward_path(desc, p, rg, pairs, gx, gy, store_gw)
+    if paths is None and pairs.gw:
         zero_weights(inactive_paths(desc), store_gw, dtype)
     return gx, gy
-
-
-def _input_grads(mode, terms, t, x, h, rows, v, in1, in2, gx, gy):
-    """``gx[u, i] += sum_k h[k] T[i, k]`` and ``gy[., j] += sum_{i, k} c x(i) h[k]``, where
-    ``h[k]`` is the output cotangent pulled back through the weights (a vector over ``u``);
-    for ``uv*`` modes ``y`` has no ``u`` index, so ``gy`` is reduced over ``u`` on chip.
-    A None accumulator is not computed."""
-    if gx is not None:
-        for (i, k), tv in t.items():
-            gx.add_vec(in1[rows, i], h[k] * tv)
-    if gy is None:
-        return
-    by_j = {}
-    for i, j, k, c in terms:
-        by_j[j] = _add(by_j.get(j), c * x(i) * h[k])
-    for j, val in by_j.items():
-        if mode in ("uvu", "uvw"):
-            gy.add_lanes(in2[v, j], val)
-        else:
-            gy.add_vec(in2[rows, j], val)
 
 
 def _contract_xg(terms, x, g):
@@ -346,66 +346,86 @@ def _contract_xg(terms, x, g):
     return q
 
 
-def _backward_path(desc, p, rx, ry, rw, rg, gx, gy, store_gw, needs):
+def _backward_path(desc, p, rg, pairs: Pairs, gx, gy, store_gw):
     in1, in2 = desc.in1[p.i_in1].index(), desc.in2[p.i_in2].index()
     out = desc.out[p.i_out].index()
     terms = _cg_terms(p)
     m2, mo = p.mul_in2, p.mul_out
     ks = sorted({k for _, _, k, _ in terms})
-    need_x, need_y, need_w = needs
+    x_rows = _unique([rx for rx, _ in pairs.gy + pairs.gw])
     if p.mode in ("uvu", "uuu"):
         for c0, cs in chunks(p.mul_in1):
             u = np.arange(c0, c0 + cs)
-            x = lambda i: rx.load(in1[c0 : c0 + cs, i])  # noqa: E731
             g = {k: rg.load(out[c0 : c0 + cs, k]) for k in ks}
             # Q is independent of v: shared by the y channels
-            q = _contract_xg(terms, x, g) if need_y or need_w else {}
+            q = {rx: _contract_xg(terms, lambda i, rx=rx: rx.load(in1[c0 : c0 + cs, i]), g) for rx in x_rows}
             for v in range(m2 if p.mode == "uvu" else 1):
                 if p.mode == "uvu":
-                    y = lambda j: ry.load(in2[v, j])  # noqa: E731
+                    y_at = lambda ry, j: ry.load(in2[v, j])  # noqa: E731
                     widx = p.weight_offset + u * m2 + v
                 else:
-                    y = lambda j: ry.load(in2[c0 : c0 + cs, j])  # noqa: E731
+                    y_at = lambda ry, j: ry.load(in2[c0 : c0 + cs, j])  # noqa: E731
                     widx = p.weight_offset + u
-                if need_w:
-                    store_gw(widx, _sum((y(j) * qj for j, qj in q.items()), lambda: jnp.zeros((cs,), rx.ref.dtype)))
-                if not (need_x or need_y):
-                    continue
-                wv = rw.load(widx)
-                if need_x:
-                    t = _contract_y(terms, y)
-                    for i in sorted({i for i, _ in t}):
-                        gx.add_vec(in1[c0 : c0 + cs, i], wv * _sum(g[k] * tv for (i2, k), tv in t.items() if i2 == i))
-                for j, qj in q.items() if need_y else ():
+                if pairs.gw:
+                    zeros = lambda: jnp.zeros((cs,), rg.ref.dtype)  # noqa: E731
+                    store_gw(widx, _sum((y_at(ry, j) * qj for rx, ry in pairs.gw for j, qj in q[rx].items()), zeros))
+                if pairs.gx:
+                    t = {ry: _contract_y(terms, lambda j, ry=ry: y_at(ry, j)) for ry in _unique(ry for ry, _ in pairs.gx)}
+                    for i in sorted({i for i, _, _, _ in terms}):
+                        gx.add_vec(
+                            in1[c0 : c0 + cs, i],
+                            _sum(
+                                rw.load(widx) * _sum(g[k] * tv for (i2, k), tv in t[ry].items() if i2 == i)
+                                for ry, rw in pairs.gx
+                            ),
+                        )
+                for j in sorted({j for _, j, _, _ in terms}) if pairs.gy else ():
+                    value = _sum(rw.load(widx) * q[rx][j] for rx, rw in pairs.gy)
                     if p.mode == "uvu":
-                        gy.add_lanes(in2[v, j], wv * qj)
+                        gy.add_lanes(in2[v, j], value)
                     else:
-                        gy.add_vec(in2[c0 : c0 + cs, j], wv * qj)
+                        gy.add_vec(in2[c0 : c0 + cs, j], value)
         return
+    w_rows = _unique([rw for _, rw in pairs.gx + pairs.gy])
     for c0, cs in chunks(mo):
         w = np.arange(c0, c0 + cs)
         g = {k: rg.load(out[c0 : c0 + cs, k]) for k in ks}
         for u0, cu in chunks(p.mul_in1):
             u = np.arange(u0, u0 + cu)
-            x = lambda i: rx.load(in1[u0 : u0 + cu, i])  # noqa: E731
+            x_at = lambda rx, i: rx.load(in1[u0 : u0 + cu, i])  # noqa: E731
             for v in range(m2 if p.mode == "uvw" else 1):
                 if p.mode == "uvw":
-                    y = lambda j: ry.load(in2[v, j])  # noqa: E731
+                    y_at = lambda ry, j: ry.load(in2[v, j])  # noqa: E731
                     widx = p.weight_offset + (u[:, None] * m2 + v) * mo + w[None, :]
                 else:
-                    y = lambda j: ry.load(in2[u0 : u0 + cu, j])  # noqa: E731
+                    y_at = lambda ry, j: ry.load(in2[u0 : u0 + cu, j])  # noqa: E731
                     widx = p.weight_offset + u[:, None] * mo + w[None, :]
-                t = _contract_y(terms, y) if need_x or need_w else {}
-                if need_w:
-                    a = _contract_x(t, x)
-                    zeros = lambda: jnp.zeros((cu, cs), rx.ref.dtype)  # noqa: E731
+                t = {
+                    ry: _contract_y(terms, lambda j, ry=ry: y_at(ry, j))
+                    for ry in _unique([ry for ry, _ in pairs.gx] + [ry for _, ry in pairs.gw])
+                }
+                if pairs.gw:
+                    a = {}
+                    for rx, ry in pairs.gw:
+                        for k, value in _contract_x(t[ry], lambda i, rx=rx: x_at(rx, i)).items():
+                            a[k] = _add(a.get(k), value)
+                    zeros = lambda: jnp.zeros((cu, cs), rg.ref.dtype)  # noqa: E731
                     store_gw(widx, _sum((a[k][:, None] * g[k][None, :] for k in a), zeros))
-                if not (need_x or need_y):
-                    continue
-                wt = rw.load(widx)
-                r = {k: jnp.sum(wt * g[k][None, :], axis=1) for k in ks}
-                grads = (gx if need_x else None, gy if need_y else None)
-                _input_grads(p.mode, terms, t, x, r, slice(u0, u0 + cu), v, in1, in2, *grads)
+                # the output cotangent pulled back through each weight matrix (a vector over u)
+                h = {rw: {k: jnp.sum(rw.load(widx) * g[k][None, :], axis=1) for k in ks} for rw in w_rows}
+                for ry, rw in pairs.gx:
+                    for (i, k), tv in t[ry].items():
+                        gx.add_vec(in1[u0 : u0 + cu, i], h[rw][k] * tv)
+                by_j = {}
+                for rx, rw in pairs.gy:
+                    for i, j, k, c in terms:
+                        by_j[j] = _add(by_j.get(j), c * x_at(rx, i) * h[rw][k])
+                for j, value in by_j.items():
+                    # for uvw, y has no u index: gy is reduced over u on chip
+                    if p.mode == "uvw":
+                        gy.add_lanes(in2[v, j], value)
+                    else:
+                        gy.add_vec(in2[u0 : u0 + cu, j], value)
 
 
 # --- pallas_call wrappers -------------------------------------------------------------------
@@ -461,30 +481,60 @@ def num_warps(desc, backward: bool = False) -> int:
     return max(1, min(4, widest // 32))
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def forward(desc, x, y, w):
-    """``z (N, out.dim)`` from ``x (N, in1.dim)``, ``y (N, in2.dim)``, ``w (N, nw)`` or ``(nw,)``."""
-    n = x.shape[0]
-    d1, d2, do = desc.dims
-    nw = desc.weight_numel
-    shared = w.ndim == 1
+# The kernels compute sums of trilinear terms (:mod:`jequi.autodiff`): a term names its
+# operands by position in the kernel's ``arrays``; an array with one dimension is shared by
+# every row (shared weights). The first-order ops, with arrays ``(x, y, w)``:
+FORWARD_TERMS = ((0, 1, 2),)
+
+
+def backward_terms(needs=ALL) -> tuple:
+    """The first-order backward's pairs (arrays ``(x, y, w)``) for the gradients in `needs`."""
+    return tuple(pair if need else () for pair, need in zip((((1, 2),), ((0, 2),), ((0, 1),)), needs))
+
+
+def _used(terms) -> list[int]:
+    """The array positions some term reads (the kernel gets refs for these only)."""
+    return sorted({a for term in terms for a in term})
+
+
+def row_refs(arrays, refs: dict, b) -> dict:
+    """A :class:`Row` per array position in `refs` (position -> ref): row `b` of a per-row
+    array, the whole of a shared (1-D) one."""
+    return {a: Row(ref, 0 if arrays[a].ndim == 1 else b * arrays[a].shape[1]) for a, ref in refs.items()}
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def forward_sum(desc, terms, *arrays):
+    """``z (N, out.dim) = sum of f(arrays[a], arrays[b], arrays[c]) over (a, b, c) in terms``:
+    ``x``-like arrays ``(N, in1.dim)``, ``y``-like ``(N, in2.dim)``, ``w``-like ``(N, nw)`` or
+    shared ``(nw,)`` (None where no term reads it)."""
+    used = _used(terms)
+    n = arrays[terms[0][0]].shape[0]
+    do = desc.dims[2]
     rpp = _rows_per_program(n)
 
-    def kernel(x_ref, y_ref, w_ref, z_ref):
+    def kernel(*refs):
+        *in_refs, z_ref = refs
+
         def row(b):
-            rw = Row(w_ref, 0 if shared else b * nw)
+            r = row_refs(arrays, dict(zip(used, in_refs)), b)
+            values = forward_values(desc, [(r[i], r[j], r[k]) for i, j, k in terms])
             store = storer(z_ref, b * do)
-            for idx, value in zip(slots(desc.out), forward_values(desc, Row(x_ref, b * d1), Row(y_ref, b * d2), rw)):
+            for idx, value in zip(slots(desc.out), values):
                 store(idx, value)
 
         rows_loop(n, rpp, row)
 
+    dtype = arrays[terms[0][0]].dtype
     z = pallas_call(
-        kernel, jax.ShapeDtypeStruct((n * do,), x.dtype), (pl.cdiv(n, rpp),), num_warps(desc), name="jequi_tp_fwd"
-    )(
-        x.reshape(-1), y.reshape(-1), w.reshape(-1)
-    )
+        kernel, jax.ShapeDtypeStruct((n * do,), dtype), (pl.cdiv(n, rpp),), num_warps(desc), name="jequi_tp_fwd"
+    )(*(arrays[a].reshape(-1) for a in used))
     return z.reshape(n, do)
+
+
+def forward(desc, x, y, w):
+    """``z (N, out.dim)`` from ``x (N, in1.dim)``, ``y (N, in2.dim)``, ``w (N, nw)`` or ``(nw,)``."""
+    return forward_sum(desc, FORWARD_TERMS, x, y, w)
 
 
 def needed_outputs(needs, shapes) -> tuple[list, callable]:
@@ -501,27 +551,30 @@ def needed_outputs(needs, shapes) -> tuple[list, callable]:
     return [s for s, need in zip(shapes, needs) if need], unpack
 
 
-@functools.partial(jax.jit, static_argnums=(0, 5))
-def backward(desc, x, y, w, gz, needs=ALL):
-    """``(gx, gy, gw)``, None for those not flagged in `needs`; shared weights get ``gw``
-    summed over rows."""
-    n = x.shape[0]
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def backward_sum(desc, terms, shared_weights: bool, g, *arrays):
+    """``(gx, gy, gw)``: each the sum of the backward over its pairs in ``terms = (gx pairs,
+    gy pairs, gw pairs)`` (:class:`Pairs`, as positions in `arrays`) against the output
+    cotangent ``g (N, out.dim)``; None for a gradient without pairs. With `shared_weights`,
+    ``gw`` is summed over rows."""
+    n = g.shape[0]
     d1, d2, do = desc.dims
     nw = desc.weight_numel
-    shared = w.ndim == 1
     rpp = _rows_per_program(n)
-    dtype = x.dtype
+    dtype = g.dtype
+    used = _used(pair for pairs in terms for pair in pairs)
+    needs = tuple(bool(pairs) for pairs in terms)
     shapes, unpack = needed_outputs(needs, [jax.ShapeDtypeStruct((n * d,), dtype) for d in (d1, d2, nw)])
 
-    def kernel(x_ref, y_ref, w_ref, g_ref, *out_refs):
+    def kernel(g_ref, *refs):
+        in_refs, out_refs = refs[: len(used)], refs[len(used) :]
         gx_ref, gy_ref, gw_ref = unpack(out_refs)
 
         def row(b):
-            wbase = 0 if shared else b * nw
-            gx, gy = backward_row(
-                desc, Row(x_ref, b * d1), Row(y_ref, b * d2), Row(w_ref, wbase), Row(g_ref, b * do),
-                None if gw_ref is None else storer(gw_ref, b * nw), dtype, needs=needs,
-            )
+            r = row_refs(arrays, dict(zip(used, in_refs)), b)
+            pairs = Pairs(*(tuple((r[i], r[j]) for i, j in pairs) for pairs in terms))
+            store_gw = None if gw_ref is None else storer(gw_ref, b * nw)
+            gx, gy = backward_row(desc, Row(g_ref, b * do), pairs, store_gw, dtype)
             if gx_ref is not None:
                 gx.store(desc.in1, storer(gx_ref, b * d1), dtype)
             if gy_ref is not None:
@@ -531,15 +584,21 @@ def backward(desc, x, y, w, gz, needs=ALL):
 
     gx, gy, gw = unpack(
         pallas_call(kernel, shapes, (pl.cdiv(n, rpp),), num_warps(desc, backward=True), name="jequi_tp_bwd")(
-            x.reshape(-1), y.reshape(-1), w.reshape(-1), gz.reshape(-1)
+            g.reshape(-1), *(arrays[a].reshape(-1) for a in used)
         )
     )
     if gw is not None:
         gw = gw.reshape(n, nw)
         # Shared weights: per-row gradients summed by XLA (a pass over N x nw; see the issue note).
-        gw = gw.sum(0) if shared else gw
+        gw = gw.sum(0) if shared_weights else gw
     return (
         None if gx is None else gx.reshape(n, d1),
         None if gy is None else gy.reshape(n, d2),
         gw,
     )
+
+
+def backward(desc, x, y, w, gz, needs=ALL):
+    """``(gx, gy, gw)``, None for those not flagged in `needs`; shared weights get ``gw``
+    summed over rows."""
+    return backward_sum(desc, backward_terms(needs), w.ndim == 1, gz, x, y, w)

@@ -12,6 +12,7 @@ from conftest import assert_close, e3nn_tp, random_inputs
 
 import jequi
 from jequi import backends
+from jequi.autodiff import GGW, GGY, W, X, Y, SecondOrder
 from jequi.backends import xla
 
 PROBLEMS = {
@@ -120,17 +121,23 @@ def test_float32_gradients():
 @pytest.mark.parametrize("backend", ["xla", "pallas"])
 def test_backward_calls_compute_only_needed_gradients(backend, monkeypatch):
     """Force-training shape: x depends on the parameters only, y on the positions only, w on
-    both. The forces' backward needs no gx; the loss gradient's backward calls need no gy
-    (and the ggw call no gw). The gradient still equals plain autodiff of the reference."""
+    both. The forces' backward needs no gx; the loss gradient's double backward needs no gy
+    and no gz-cotangent (composed: two backward calls, the ggw one without gw; fused: the
+    spec's dx and dw sums only). The gradient still equals plain autodiff of the reference."""
     tp = PROBLEMS["channelwise"]()
-    calls = []
+    calls, seconds = [], []
     b = backends.BACKENDS[backend]
 
     def recording(desc, *args, needs):
         calls.append(needs)
         return b.backward(desc, *args, needs=needs)
 
-    monkeypatch.setitem(backends.BACKENDS, backend, dataclasses.replace(b, backward=recording))
+    def recording_second(desc, spec, arrays):
+        seconds.append(spec)
+        return b.second(desc, spec, arrays)
+
+    replaced = dataclasses.replace(b, backward=recording, second=recording_second if b.second else None)
+    monkeypatch.setitem(backends.BACKENDS, backend, replaced)
     jequi.tensor_product._tp_op.cache_clear()
     rng = np.random.default_rng(11)
     d1, d2, _ = tp.descriptor.dims
@@ -152,4 +159,8 @@ def test_backward_calls_compute_only_needed_gradients(backend, monkeypatch):
     for a, e in zip(ours, expected):
         assert_close(a, e, 1e-10)
     assert calls[0] == (False, True, True)
-    assert sorted(calls[1:]) == [(True, False, False), (True, False, True)]
+    if b.second is None:
+        assert sorted(calls[1:]) == [(True, False, False), (True, False, True)]
+    else:
+        assert calls[1:] == []
+        assert seconds == [SecondOrder(dx=((GGY, W), (Y, GGW)), dw=((X, GGY),))]

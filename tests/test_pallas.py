@@ -13,7 +13,8 @@ from conftest import assert_close, random_inputs
 import jequi
 import pallas_kernels
 import pallas_kernels.conv
-from jequi.backends import xla
+from jequi.autodiff import GZ, SecondOrder
+from jequi.backends import pallas, xla
 
 ON_GPU = jax.default_backend() == "gpu"
 BATCH = 300 if ON_GPU else 3
@@ -96,6 +97,72 @@ def test_conv_output_groups_and_determinism(monkeypatch):
     grads = jax.jit(jax.grad(lambda x, y, w: jnp.sum(jnp.sin(tp.conv(x, y, w, graph, backend="pallas"))), argnums=(0, 1, 2)))
     runs = [[np.asarray(a) for a in (conv(x, y, w), *grads(x, y, w))] for _ in range(3)]
     assert all(np.array_equal(a, b) for run in runs[1:] for a, b in zip(runs[0], run))
+
+
+def _second_order_reference(f, spec, arrays):
+    """The sums of `spec` by autodiff of the reference: each term of the seven-op identity is
+    the gradient of ``<gz, f(x, y, w)>`` in one slot with the other two slots substituted."""
+    gz = arrays[GZ]
+
+    def slot_grad(slot, a, b):  # gradient in `slot` (0, 1, 2) with arrays a, b in the others
+        def form(v):
+            args = [a, b]
+            args.insert(slot, v)
+            return jnp.vdot(f(*args), gz)
+
+        return jax.grad(form)(jnp.zeros_like(arrays[slot]))  # linear in that slot: any point
+
+    total = lambda terms: functools.reduce(jnp.add, terms) if terms else None  # noqa: E731
+    dgz = total([f(*(arrays[i] for i in t)) for t in spec.dgz])
+    grads = [
+        total([slot_grad(slot, arrays[a], arrays[b]) for a, b in pairs])
+        for slot, pairs in enumerate((spec.dx, spec.dy, spec.dw))
+    ]
+    return (*grads, dgz)
+
+
+SPECS = {
+    "all": SecondOrder.of((True, True, True, True), (True, True, True)),
+    "force-training": SecondOrder.of((True, False, True, True), (False, True, True)),
+    "dgz-only": SecondOrder.of((False, False, False, True), (True, False, True)),
+    "dw-only": SecondOrder.of((False, False, True, False), (True, False, False)),
+}
+
+
+# every mode with all terms, then shared weights and partial specs on a few (interpret mode is slow)
+SECOND_ORDER_CASES = [(name, op, False, "all") for name in ("uvu", "uvw", "uuu+unweighted", "uuw") for op in ("tp", "conv")]
+SECOND_ORDER_CASES += [(name, op, True, "force-training") for name in ("uvu", "uvw") for op in ("tp", "conv")]
+SECOND_ORDER_CASES += [("uvu", "tp", False, "dgz-only"), ("uvw", "conv", True, "dgz-only"), ("uvw", "tp", False, "dw-only")]
+
+
+@pytest.mark.parametrize("name, op, shared, spec", SECOND_ORDER_CASES)
+def test_fused_second_order(name, op, shared, spec):
+    """The fused double backward (one forward-sum and one backward-sum kernel) computes every
+    sum of the seven-op identity, and only the wanted ones, as autodiff of the reference."""
+    tp = PROBLEMS[name]()
+    desc = tp.descriptor.trilinear
+    spec = SPECS[spec]
+    rng = np.random.default_rng(8)
+    n, e = (200, 3000) if ON_GPU else (4, 9)
+    rows = BATCH if op == "tp" else e
+    xs = rng.normal(size=(2, rows if op == "tp" else n, desc.dims[0]))
+    ys = rng.normal(size=(2, rows, desc.dims[1]))
+    ws = rng.normal(size=(2, desc.weight_numel) if shared else (2, rows, desc.weight_numel))
+    if op == "tp":
+        gz = rng.normal(size=(rows, desc.dims[2]))
+        f = functools.partial(xla.forward, desc)
+        ours = pallas.second(desc, spec, (xs[0], ys[0], ws[0], gz, xs[1], ys[1], ws[1]))
+    else:
+        s, r = rng.integers(0, n, e), rng.integers(0, n, e)
+        gz = rng.normal(size=(n, desc.dims[2]))
+        graph = jequi.Graph.build(s, r, n)
+        f = lambda x, y, w: jax.ops.segment_sum(xla.forward(desc, x[s], y, w), r, num_segments=n)  # noqa: E731
+        ours = pallas.conv_second(desc, spec, (xs[0], ys[0], ws[0], gz, xs[1], ys[1], ws[1]), graph)
+    expected = _second_order_reference(f, spec, (xs[0], ys[0], ws[0], gz, xs[1], ys[1], ws[1]))
+    for a, b, what in zip(ours, expected, ("dx", "dy", "dw", "dgz")):
+        assert (a is None) == (b is None), what
+        if b is not None:
+            assert_close(a, b, 1e-11, what)
 
 
 @pytest.mark.parametrize("name", ["uvu", "uvw", "uuu+unweighted"])

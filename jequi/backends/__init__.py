@@ -8,7 +8,8 @@ A backend is a set of four functions taking the descriptor first:
 which of ``(gx, gy, gw)`` a backward computes; it returns None for the others.
 Inputs are flat: ``x (N, in1.dim)``, ``y (N, in2.dim)``, ``w (N, weight_numel)`` or shared
 ``(weight_numel,)``, all of one floating dtype. Derivatives of every order are built from
-these by :mod:`jequi.autodiff`.
+these by :mod:`jequi.autodiff`; a backend may add a fused double backward (``second``,
+``conv_second``) that computes the seven-op identity's sums in fewer kernel passes.
 """
 
 from __future__ import annotations
@@ -28,6 +29,11 @@ class Backend:
     backward: Callable
     conv_forward: Callable
     conv_backward: Callable
+    # Fused double backward (jequi.autodiff.trilinear_op's `second`), or None: composed from
+    # forward/backward calls. ``second(desc, spec, arrays)``, ``conv_second(desc, spec,
+    # arrays, graph[, kahan])``.
+    second: Callable | None = None
+    conv_second: Callable | None = None
     check: Callable = lambda desc: None  # raises ValueError for a descriptor it cannot run
     available: Callable[[], bool] = lambda: True
     supports_kahan: bool = False
@@ -37,8 +43,8 @@ BACKENDS: dict[str, Backend] = {
     "xla": Backend("xla", xla.forward, xla.backward, xla.conv_forward, xla.conv_backward),
     # On CPU the Pallas kernels run in interpret mode: available (for tests), never the default.
     "pallas": Backend(
-        "pallas", pallas.forward, pallas.backward, pallas.conv_forward, pallas.conv_backward, pallas.check,
-        supports_kahan=True,
+        "pallas", pallas.forward, pallas.backward, pallas.conv_forward, pallas.conv_backward, pallas.second,
+        pallas.conv_second, pallas.check, supports_kahan=True,
     ),
 }
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pallas_kernels
 
+from ..autodiff import GZ, W
 from ..descriptor import TensorProductDescriptor
 
 
@@ -28,6 +29,16 @@ def backward(desc, x, y, w, gz, needs=pallas_kernels.ALL):
     return pallas_kernels.backward(desc, x, y, w, gz, needs)
 
 
+def second(desc, spec, arrays):
+    """The fused double backward (:class:`jequi.autodiff.SecondOrder`): two kernels, one for
+    ``dgz`` (a forward over the spec's triples) and one for ``dx, dy, dw`` (a backward over
+    its pairs against ``gz``)."""
+    dgz = pallas_kernels.forward_sum(desc, spec.dgz, *arrays) if spec.dgz else None
+    terms = (spec.dx, spec.dy, spec.dw)
+    grads = pallas_kernels.backward_sum(desc, terms, arrays[W].ndim == 1, arrays[GZ], *arrays) if any(terms) else (None,) * 3
+    return (*grads, dgz)
+
+
 def conv_forward(desc, x, y, w, graph, kahan: bool = False):
     return pallas_kernels.conv_forward(
         desc, x, y, w, graph.receiver_senders, graph.receiver_order, graph.receiver_offsets,
@@ -39,3 +50,21 @@ def conv_backward(desc, x, y, w, gout, graph, needs=pallas_kernels.ALL, kahan: b
     return pallas_kernels.conv_backward(
         desc, x, y, w, gout, graph.sender_receivers, graph.sender_order, graph.sender_offsets, needs=needs, kahan=kahan
     )
+
+
+def conv_second(desc, spec, arrays, graph, kahan: bool = False):
+    """:func:`second` of the conv: ``dgz`` walks receivers, ``dx, dy, dw`` senders."""
+    dgz = None
+    if spec.dgz:
+        dgz = pallas_kernels.conv_forward_sum(
+            desc, arrays, graph.receiver_senders, graph.receiver_order, graph.receiver_offsets, terms=spec.dgz,
+            num_nodes=graph.num_nodes, edges_sorted=graph.edges_sorted, kahan=kahan,
+        )  # fmt: skip
+    terms = (spec.dx, spec.dy, spec.dw)
+    grads = (None,) * 3
+    if any(terms):
+        grads = pallas_kernels.conv_backward_sum(
+            desc, arrays[GZ], arrays, graph.sender_receivers, graph.sender_order, graph.sender_offsets, terms=terms,
+            shared_weights=arrays[W].ndim == 1, kahan=kahan,
+        )  # fmt: skip
+    return (*grads, dgz)
