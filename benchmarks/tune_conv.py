@@ -3,15 +3,19 @@
     python3 benchmarks/tune_conv.py [--problems mace-large] [--graph carbon] [--tp-batch 50000]
         [--channelwise IN1:IN2:OUT] [--no-conv] [--steps 1,2,4] [--accumulators 32,64,128]
         [--forward-warps auto,1,2,4] [--backward-warps auto,1,2,4] [--lane-sums element,tile]
-        [--edge-splits auto,1,2,4,8] [--rows auto,1,8] [--no-backward]
+        [--edge-splits auto,1,2,4,8] [--rows auto,1,8] [--backward-groups 0,1] [--split-second 0,1]
+        [--no-backward] [--dbl-batch 20000]
 
 Knobs (module constants): EDGES_PER_STEP (edges per loop step), ACCUMULATORS_PER_THREAD
 (forward output grouping), EDGE_SPLITS (programs per row's edges, auto = edge_splits' rule)
 of pallas_kernels.conv; FORWARD_WARPS and BACKWARD_WARPS (warps
 per program, auto = num_warps' rule), LANE_SUMS (gy's cross-lane sums per element or as one
 tile) and ROWS_PER_PROGRAM (the batched product's rows per program) of
-pallas_kernels.tensor_product. Prints conv fwd and fwd+bwd ms per setting (unless
---no-conv), and with --tp-batch the batched product's too. --channelwise adds a product of
+pallas_kernels.tensor_product, BACKWARD_GROUPS (the batched backward's programs per x
+segment) of the same, and SPLIT_SECOND_BACKWARD (the fused double backward's dx, dy, dw
+in one kernel or three) of jequi.backends.pallas. Prints conv fwd and fwd+bwd ms per setting
+(unless --no-conv), with --tp-batch the batched product's too, and with --dbl-batch the
+batched product's double backward (gpu_benchmark.py's dbl) on that many of those rows. --channelwise adds a product of
 one's own irreps (jequi.channelwise), e.g. a model's convolution.
 """
 
@@ -26,6 +30,7 @@ import structures
 from timing import timed
 
 import jequi
+import jequi.backends.pallas as pallas_backend
 import pallas_kernels.conv as conv
 import pallas_kernels.tensor_product as tensor_product
 
@@ -37,6 +42,8 @@ KNOBS = {  # option -> (module, constant, parse)
     "lane_sums": (tensor_product, "LANE_SUMS", str),
     "edge_splits": (conv, "EDGE_SPLITS", lambda v: None if v == "auto" else int(v)),
     "rows": (tensor_product, "ROWS_PER_PROGRAM", lambda v: None if v == "auto" else int(v)),
+    "backward_groups": (tensor_product, "BACKWARD_GROUPS", lambda v: v == "1"),
+    "split_second": (pallas_backend, "SPLIT_SECOND_BACKWARD", lambda v: v == "1"),
 }
 
 
@@ -52,6 +59,18 @@ def time_both(f, g, args, backward: bool) -> str:
     return text
 
 
+def time_dbl(f, g, args) -> str:
+    """`` dbl ms (compile s)``: gpu_benchmark.py's double backward, the gradient of
+    ``|gx|^2 + |gy|^2`` of the backward of ``<f(x, y, w), g>``."""
+
+    def loss(x, y, w, g):
+        gx, gy, _ = jax.grad(lambda x, y, w: jnp.vdot(f(x, y, w), g), (0, 1, 2))(x, y, w)
+        return jnp.sum(gx**2) + jnp.sum(gy**2)
+
+    ms, compile_s = timed(jax.jit(jax.grad(loss, (0, 1, 2))), (*args, g))
+    return f" dbl {ms:.3f} ms (compile {compile_s:.1f} s)"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--problems", default="mace-large", help="comma list of jequi.problems names")
@@ -59,10 +78,11 @@ def main():
     ap.add_argument("--graph", default="carbon")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--tp-batch", type=int, default=0, help="also time the batched product on this many rows")
+    ap.add_argument("--dbl-batch", type=int, default=0, help="also time the batched product's double backward")
     ap.add_argument("--conv", action=argparse.BooleanOptionalAction, default=True, help="time the conv")
     ap.add_argument("--backward", action=argparse.BooleanOptionalAction, default=True, help="time fwd+bwd too")
     defaults = {"steps": "1", "accumulators": "64", "forward_warps": "auto", "backward_warps": "auto", "lane_sums": "tile",
-                "edge_splits": "auto", "rows": "auto"}
+                "edge_splits": "auto", "rows": "auto", "backward_groups": "0", "split_second": "0"}
     for name, default in defaults.items():
         ap.add_argument("--" + name.replace("_", "-"), default=default)
     a = ap.parse_args()
@@ -91,6 +111,9 @@ def main():
                 line += " conv" + time_both(lambda x, y, w: tp.conv(x, y, w, graph, backend="pallas"), g, (x, y, w), a.backward)
             if b:
                 line += " tp" + time_both(lambda x, y, w: tp(x, y, w, backend="pallas"), bg, (bx, by, bw), a.backward)
+            if a.dbl_batch:
+                k = a.dbl_batch
+                line += time_dbl(lambda x, y, w: tp(x, y, w, backend="pallas"), bg[:k], (bx[:k], by[:k], bw[:k]))
             print(f"{name} {a.dtype} {line}", flush=True)
 
 

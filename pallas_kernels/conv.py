@@ -35,6 +35,7 @@ from .tensor_product import (
     backward_terms,
     forward_values,
     inactive_paths,
+    input_groups,
     needed_outputs,
     num_warps,
     row_refs,
@@ -218,19 +219,6 @@ def conv_forward(desc, x, y, w, receiver_senders, receiver_order, receiver_offse
     return conv_forward_sum(desc, (x, y, w), receiver_senders, receiver_order, receiver_offsets, **options)
 
 
-def input_groups(desc) -> list[tuple[list[int], list]]:
-    """``(in1 segments, paths)`` per backward program: one group per ``x`` segment that has
-    paths (their ``gx`` slots, ``gw`` blocks and ``gz`` blocks are disjoint, so a group needs
-    no other group's sums; ``gy`` is the one shared output). Segments without paths go to
-    the first group (their ``gx`` is zero)."""
-    groups = [([s], [p for p in desc.active_paths if p.i_in1 == s]) for s in range(len(desc.in1))]
-    used = [g for g in groups if g[1]]
-    if not used:
-        return [(list(range(len(desc.in1))), [])]
-    used[0][0].extend(s for s, paths in groups if not paths)
-    return used
-
-
 @functools.partial(jax.jit, static_argnames=("desc", "terms", "shared_weights", "kahan"))
 def conv_backward_sum(
     desc, gout, arrays, sender_receivers, sender_order, sender_offsets, *, terms, shared_weights: bool,
@@ -287,7 +275,7 @@ def conv_backward_sum(
                         rows = {**row_refs(arrays, node_refs, n), **row_refs(arrays, edge_refs, e)}
                         pairs = Pairs(*(tuple((rows[i], rows[j]) for i, j in pairs) for pairs in terms))
                         store_gw = None if gw_ref is None else storer(gw_ref, e * nw)
-                        gx, gy = backward_row(desc, Row(g_ref, r_ref[k] * do), pairs, store_gw, dtype, paths)
+                        gx, gy = backward_row(desc, Row(g_ref, r_ref[k] * do), pairs, store_gw, paths)
                         if gi == 0:
                             zero_weights(inactive, store_gw, dtype)
                         if gy_ref is not None:

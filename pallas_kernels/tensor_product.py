@@ -314,15 +314,13 @@ def _unique(rows) -> list:
     return list(dict.fromkeys(rows))
 
 
-def backward_row(desc, rg: Row, pairs: Pairs, store_gw, dtype, paths=None):
-    """One row of the backward of `paths` (default: all, and then zeros for the inactive
-    ones): stores their ``gw`` and returns the ``gx`` and ``gy`` accumulators (:class:`_Grads`)
-    of `pairs` (``store_gw`` is unused without ``gw`` pairs)."""
+def backward_row(desc, rg: Row, pairs: Pairs, store_gw, paths):
+    """One row of the backward of `paths`: stores their ``gw`` and returns the ``gx`` and
+    ``gy`` accumulators (:class:`_Grads`) of `pairs` (``store_gw`` is unused without ``gw``
+    pairs)."""
     gx, gy = _Grads(), _Grads()
-    for p in desc.active_paths if paths is None else paths:
+    for p in paths:
         _backward_path(desc, p, rg, pairs, gx, gy, store_gw)
-    if paths is None and pairs.gw:
-        zero_weights(inactive_paths(desc), store_gw, dtype)
     return gx, gy
 
 
@@ -426,6 +424,19 @@ def _backward_path(desc, p, rg, pairs: Pairs, gx, gy, store_gw):
                         gy.add_lanes(in2[v, j], value)
                     else:
                         gy.add_vec(in2[u0 : u0 + cu, j], value)
+
+
+def input_groups(desc) -> list[tuple[list[int], list]]:
+    """``(in1 segments, paths)`` per backward program: one group per ``x`` segment that has
+    paths (their ``gx`` slots, ``gw`` blocks and ``gz`` blocks are disjoint, so a group needs
+    no other group's sums; ``gy`` is the one shared output). Segments without paths go to
+    the first group (their ``gx`` is zero)."""
+    groups = [([s], [p for p in desc.active_paths if p.i_in1 == s]) for s in range(len(desc.in1))]
+    used = [g for g in groups if g[1]]
+    if not used:
+        return [(list(range(len(desc.in1))), [])]
+    used[0][0].extend(s for s, paths in groups if not paths)
+    return used
 
 
 # --- pallas_call wrappers -------------------------------------------------------------------
@@ -551,6 +562,12 @@ def needed_outputs(needs, shapes) -> tuple[list, callable]:
     return [s for s, need in zip(shapes, needs) if need], unpack
 
 
+# Programs of the batched backward per block of rows: one for the whole row (False) or one per
+# :func:`input_groups` group (True: each program holds one x segment's gradients and paths,
+# fewer live values, and writes a partial gy; the partials are summed by XLA).
+BACKWARD_GROUPS: bool = False
+
+
 @functools.partial(jax.jit, static_argnums=(0, 1, 2))
 def backward_sum(desc, terms, shared_weights: bool, g, *arrays):
     """``(gx, gy, gw)``: each the sum of the backward over its pairs in ``terms = (gx pairs,
@@ -564,36 +581,48 @@ def backward_sum(desc, terms, shared_weights: bool, g, *arrays):
     dtype = g.dtype
     used = _used(pair for pairs in terms for pair in pairs)
     needs = tuple(bool(pairs) for pairs in terms)
-    shapes, unpack = needed_outputs(needs, [jax.ShapeDtypeStruct((n * d,), dtype) for d in (d1, d2, nw)])
+    groups = input_groups(desc) if BACKWARD_GROUPS else [(list(range(len(desc.in1))), desc.active_paths)]
+    sizes = (d1, len(groups) * d2, nw)
+    shapes, unpack = needed_outputs(needs, [jax.ShapeDtypeStruct((n * d,), dtype) for d in sizes])
 
     def kernel(g_ref, *refs):
         in_refs, out_refs = refs[: len(used)], refs[len(used) :]
         gx_ref, gy_ref, gw_ref = unpack(out_refs)
+        group = pl.program_id(1)  # read outside the loops (interpret mode needs it there)
 
         def row(b):
-            r = row_refs(arrays, dict(zip(used, in_refs)), b)
-            pairs = Pairs(*(tuple((r[i], r[j]) for i, j in pairs) for pairs in terms))
             store_gw = None if gw_ref is None else storer(gw_ref, b * nw)
-            gx, gy = backward_row(desc, Row(g_ref, b * do), pairs, store_gw, dtype)
-            if gx_ref is not None:
-                gx.store(desc.in1, storer(gx_ref, b * d1), dtype)
-            if gy_ref is not None:
-                gy.store(desc.in2, storer(gy_ref, b * d2), dtype)
+            for gi, (segments, paths) in enumerate(groups):
+
+                @pl.when(group == gi)
+                def _():  # loads cached inside the branch: a group never sees another's values
+                    r = row_refs(arrays, dict(zip(used, in_refs)), b)
+                    pairs = Pairs(*(tuple((r[i], r[j]) for i, j in pairs) for pairs in terms))
+                    gx, gy = backward_row(desc, Row(g_ref, b * do), pairs, store_gw, paths)
+                    if gi == 0 and gw_ref is not None:
+                        zero_weights(inactive_paths(desc), store_gw, dtype)
+                    if gx_ref is not None:
+                        gx.store([desc.in1[s] for s in segments], storer(gx_ref, b * d1), dtype)
+                    if gy_ref is not None:
+                        gy.store(desc.in2, storer(gy_ref, (gi * n + b) * d2), dtype)
 
         rows_loop(n, rpp, row)
 
+    grid = (pl.cdiv(n, rpp), len(groups))
     gx, gy, gw = unpack(
-        pallas_call(kernel, shapes, (pl.cdiv(n, rpp),), num_warps(desc, backward=True), name="jequi_tp_bwd")(
+        pallas_call(kernel, shapes, grid, num_warps(desc, backward=True), name="jequi_tp_bwd")(
             g.reshape(-1), *(arrays[a].reshape(-1) for a in used)
         )
     )
+    if gy is not None:
+        gy = gy.reshape(len(groups), n, d2).sum(0)
     if gw is not None:
         gw = gw.reshape(n, nw)
         # Shared weights: per-row gradients summed by XLA (a pass over N x nw; see the issue note).
         gw = gw.sum(0) if shared_weights else gw
     return (
         None if gx is None else gx.reshape(n, d1),
-        None if gy is None else gy.reshape(n, d2),
+        gy,
         gw,
     )
 

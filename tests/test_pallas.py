@@ -210,6 +210,28 @@ def fresh_kernels():
     jax.clear_caches()
 
 
+@pytest.mark.parametrize("shared", [False, True])
+@pytest.mark.parametrize("name", ["uvu", "uvw"])
+def test_backward_groups(name, shared, fresh_kernels, monkeypatch):
+    """The batched backward with a program per x segment (partial gy summed after): first
+    order and the fused second order as with one program per row."""
+    tp = PROBLEMS[name]()
+    desc = tp.descriptor.trilinear
+    rng = np.random.default_rng(9)
+    x, y, gz, ggx, ggy = (rng.normal(size=(BATCH, d)) for d in desc.dims[:2] + desc.dims[2:] + desc.dims[:2])
+    w, ggw = rng.normal(size=(2, desc.weight_numel) if shared else (2, BATCH, desc.weight_numel))
+    arrays = (x, y, w, gz, ggx, ggy, ggw)
+    spec = SPECS["all"]
+    expected = pallas_kernels.backward(desc, x, y, w, gz), pallas.second(desc, spec, arrays)
+    monkeypatch.setattr(pallas_kernels.tensor_product, "BACKWARD_GROUPS", True)
+    jax.clear_caches()
+    assert len(pallas_kernels.tensor_product.input_groups(desc)) > 1
+    got = pallas_kernels.backward(desc, x, y, w, gz), pallas.second(desc, spec, arrays)
+    for ours, ref in zip(got, expected):
+        for a, b in zip(ours, ref):
+            assert_close(a, b, 1e-12)
+
+
 WIDE = {  # warp-wide channels (gy's lane sums as tiles); 33 = 32 + 1: both widths on one position
     "uvu-wide": lambda: jequi.channelwise("32x0e+32x1o+33x2e", "0e+1o+2e", "32x0e+32x1o+33x2e"),
     **PROBLEMS,

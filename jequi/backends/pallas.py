@@ -29,13 +29,25 @@ def backward(desc, x, y, w, gz, needs=pallas_kernels.ALL):
     return pallas_kernels.backward(desc, x, y, w, gz, needs)
 
 
+# The fused second order's dx, dy, dw in one kernel (False) or one kernel per gradient (True);
+# a knob for benchmarks/tune_conv.py.
+SPLIT_SECOND_BACKWARD = False
+
+
 def second(desc, spec, arrays):
     """The fused double backward (:class:`jequi.autodiff.SecondOrder`): two kernels, one for
     ``dgz`` (a forward over the spec's triples) and one for ``dx, dy, dw`` (a backward over
     its pairs against ``gz``)."""
     dgz = pallas_kernels.forward_sum(desc, spec.dgz, *arrays) if spec.dgz else None
     terms = (spec.dx, spec.dy, spec.dw)
-    grads = pallas_kernels.backward_sum(desc, terms, arrays[W].ndim == 1, arrays[GZ], *arrays) if any(terms) else (None,) * 3
+    if SPLIT_SECOND_BACKWARD:  # one kernel per gradient
+        parts = [tuple(t if k == i else () for k, t in enumerate(terms)) for i in range(3) if terms[i]]
+    else:
+        parts = [terms] if any(terms) else []
+    grads = [None] * 3
+    for part in parts:
+        out = pallas_kernels.backward_sum(desc, part, arrays[W].ndim == 1, arrays[GZ], *arrays)
+        grads = [a if b is None else b for a, b in zip(grads, out)]
     return (*grads, dgz)
 
 
