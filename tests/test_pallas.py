@@ -213,8 +213,8 @@ def fresh_kernels():
 @pytest.mark.parametrize("shared", [False, True])
 @pytest.mark.parametrize("name", ["uvu", "uvw"])
 def test_backward_groups(name, shared, fresh_kernels, monkeypatch):
-    """The batched backward with a program per x segment (partial gy summed after): first
-    order and the fused second order as with one program per row."""
+    """The batched backward with a program per x segment (partial gy summed after, the
+    default): first order and the fused second order as with one program per row."""
     tp = PROBLEMS[name]()
     desc = tp.descriptor.trilinear
     rng = np.random.default_rng(9)
@@ -222,11 +222,12 @@ def test_backward_groups(name, shared, fresh_kernels, monkeypatch):
     w, ggw = rng.normal(size=(2, desc.weight_numel) if shared else (2, BATCH, desc.weight_numel))
     arrays = (x, y, w, gz, ggx, ggy, ggw)
     spec = SPECS["all"]
-    expected = pallas_kernels.backward(desc, x, y, w, gz), pallas.second(desc, spec, arrays)
-    monkeypatch.setattr(pallas_kernels.tensor_product, "BACKWARD_GROUPS", True)
-    jax.clear_caches()
+    assert pallas_kernels.tensor_product.BACKWARD_GROUPS
     assert len(pallas_kernels.tensor_product.input_groups(desc)) > 1
     got = pallas_kernels.backward(desc, x, y, w, gz), pallas.second(desc, spec, arrays)
+    monkeypatch.setattr(pallas_kernels.tensor_product, "BACKWARD_GROUPS", False)
+    jax.clear_caches()
+    expected = pallas_kernels.backward(desc, x, y, w, gz), pallas.second(desc, spec, arrays)
     for ours, ref in zip(got, expected):
         for a, b in zip(ours, ref):
             assert_close(a, b, 1e-12)

@@ -29,25 +29,17 @@ def backward(desc, x, y, w, gz, needs=pallas_kernels.ALL):
     return pallas_kernels.backward(desc, x, y, w, gz, needs)
 
 
-# The fused second order's dx, dy, dw in one kernel (False) or one kernel per gradient (True);
-# a knob for benchmarks/tune_conv.py.
-SPLIT_SECOND_BACKWARD = False
-
-
 def second(desc, spec, arrays):
     """The fused double backward (:class:`jequi.autodiff.SecondOrder`): two kernels, one for
     ``dgz`` (a forward over the spec's triples) and one for ``dx, dy, dw`` (a backward over
-    its pairs against ``gz``)."""
+    its pairs against ``gz``). One kernel per gradient instead was slower (H200, dbl of
+    gpu_benchmark.py at 20,000 rows, MACE-large f32 1.195 -> 2.334 ms, NequIP-OAM 0.716 ->
+    1.066; tune_conv.py, benchmarks/results/2026-11-21-h200-ab.md)."""
     dgz = pallas_kernels.forward_sum(desc, spec.dgz, *arrays) if spec.dgz else None
     terms = (spec.dx, spec.dy, spec.dw)
-    if SPLIT_SECOND_BACKWARD:  # one kernel per gradient
-        parts = [tuple(t if k == i else () for k, t in enumerate(terms)) for i in range(3) if terms[i]]
-    else:
-        parts = [terms] if any(terms) else []
-    grads = [None] * 3
-    for part in parts:
-        out = pallas_kernels.backward_sum(desc, part, arrays[W].ndim == 1, arrays[GZ], *arrays)
-        grads = [a if b is None else b for a, b in zip(grads, out)]
+    grads = (None,) * 3
+    if any(terms):
+        grads = pallas_kernels.backward_sum(desc, terms, arrays[W].ndim == 1, arrays[GZ], *arrays)
     return (*grads, dgz)
 
 
