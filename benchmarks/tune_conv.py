@@ -3,7 +3,7 @@
     python3 benchmarks/tune_conv.py [--problems mace-large] [--graph carbon] [--tp-batch 50000]
         [--channelwise IN1:IN2:OUT] [--no-conv] [--steps 1,2,4] [--accumulators 32,64,128]
         [--forward-warps auto,1,2,4] [--backward-warps auto,1,2,4] [--lane-sums element,tile]
-        [--edge-splits auto,1,2,4,8] [--rows auto,1,8] [--backward-groups 0,1]
+        [--edge-splits auto,1,2,4,8] [--rows auto,1,8] [--backward-groups auto,0,1]
         [--no-backward] [--dbl-batch 20000]
 
 Knobs (module constants): EDGES_PER_STEP (edges per loop step), ACCUMULATORS_PER_THREAD
@@ -12,7 +12,7 @@ of pallas_kernels.conv; FORWARD_WARPS and BACKWARD_WARPS (warps
 per program, auto = num_warps' rule), LANE_SUMS (gy's cross-lane sums per element or as one
 tile) and ROWS_PER_PROGRAM (the batched product's rows per program) of
 pallas_kernels.tensor_product, BACKWARD_GROUPS (the batched backward's programs per x
-segment) of the same. Prints conv fwd and fwd+bwd ms per setting
+segment, auto = backward_groups' rule) of the same. Prints conv fwd and fwd+bwd ms per setting
 (unless --no-conv), with --tp-batch the batched product's too, and with --dbl-batch the
 batched product's double backward (gpu_benchmark.py's dbl) on that many of those rows. --channelwise adds a product of
 one's own irreps (jequi.channelwise), e.g. a model's convolution.
@@ -40,7 +40,7 @@ KNOBS = {  # option -> (module, constant, parse)
     "lane_sums": (tensor_product, "LANE_SUMS", str),
     "edge_splits": (conv, "EDGE_SPLITS", lambda v: None if v == "auto" else int(v)),
     "rows": (tensor_product, "ROWS_PER_PROGRAM", lambda v: None if v == "auto" else int(v)),
-    "backward_groups": (tensor_product, "BACKWARD_GROUPS", lambda v: v == "1"),
+    "backward_groups": (tensor_product, "BACKWARD_GROUPS", lambda v: None if v == "auto" else v == "1"),
 }
 
 
@@ -79,7 +79,7 @@ def main():
     ap.add_argument("--conv", action=argparse.BooleanOptionalAction, default=True, help="time the conv")
     ap.add_argument("--backward", action=argparse.BooleanOptionalAction, default=True, help="time fwd+bwd too")
     defaults = {"steps": "1", "accumulators": "64", "forward_warps": "auto", "backward_warps": "auto", "lane_sums": "tile",
-                "edge_splits": "auto", "rows": "auto", "backward_groups": "1"}
+                "edge_splits": "auto", "rows": "auto", "backward_groups": "auto"}
     for name, default in defaults.items():
         ap.add_argument("--" + name.replace("_", "-"), default=default)
     a = ap.parse_args()

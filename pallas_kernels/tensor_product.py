@@ -562,14 +562,29 @@ def needed_outputs(needs, shapes) -> tuple[list, callable]:
     return [s for s, need in zip(shapes, needs) if need], unpack
 
 
-# Programs of the batched backward per block of rows: one for the whole row (False) or one per
-# :func:`input_groups` group (True: each program holds one x segment's gradients and paths,
-# fewer live values, and writes a partial gy; the partials are summed by XLA). Measured (H200,
-# 50,000 rows fwd+bwd / gpu_benchmark.py's dbl at 20,000, ms, one row per program -> groups):
-# float64 MACE-large 8.67 -> 7.04 / 5.35 -> 2.96, NequIP-OAM 4.60 -> 3.60 / 2.62 -> 1.35,
-# DiffDock-L2 4.15 -> 3.78 / 3.68 -> 2.34; float32 MACE-large 2.81 -> 2.84 / 1.37 -> 1.20,
-# NequIP-OAM 1.92 -> 1.86 / 0.94 -> 0.72, DiffDock-L2 1.89 -> 1.94 / 1.19 -> 1.21.
-BACKWARD_GROUPS: bool = True
+# Programs of the batched backward per block of rows: one for the whole row, or one per
+# :func:`input_groups` group (each program holds one x segment's gradients and paths, fewer
+# live values, and writes a partial gy; the partials are summed by XLA). None: the rule of
+# :func:`backward_groups`; True / False force it (benchmarks/tune_conv.py --backward-groups).
+BACKWARD_GROUPS: bool | None = None
+
+
+def backward_groups(desc, dtype) -> list[tuple[list[int], list]]:
+    """The batched backward's program groups: :func:`input_groups` for channelwise products,
+    and in float64 for products whose x segments are all at least 8 channels wide; else one.
+
+    Measured (H200, 50,000 rows fwd+bwd / gpu_benchmark.py's dbl at 20,000, ms, one group ->
+    groups): float64 MACE-large 8.67 -> 7.04 / 5.35 -> 2.96, NequIP-OAM 4.60 -> 3.60 / 2.62 ->
+    1.35, DiffDock-L2 4.15 -> 3.78 / 3.68 -> 2.34; float32 MACE-large 2.81 -> 2.84 / 1.37 ->
+    1.20, NequIP-OAM 1.92 -> 1.86 / 0.94 -> 0.72, DiffDock-L2 1.89 -> 1.94 / 1.19 -> 1.21. In
+    the side-by-side runs, bwd alone: float32 DiffDock-L1 1.11 -> 1.27 ms, tetris-poly-1 (x
+    segments of one channel) 0.85 -> 1.05; float64 tetris-poly-1 1.91 -> 2.16."""
+    grouped = BACKWARD_GROUPS
+    if grouped is None:
+        channelwise = {p.mode for p in desc.active_paths} <= {"uvu", "uuu"}
+        wide = all(seg.mul >= 8 for seg in desc.in1)
+        grouped = channelwise or (jnp.dtype(dtype) == jnp.float64 and wide)
+    return input_groups(desc) if grouped else [(list(range(len(desc.in1))), desc.active_paths)]
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2))
@@ -585,7 +600,7 @@ def backward_sum(desc, terms, shared_weights: bool, g, *arrays):
     dtype = g.dtype
     used = _used(pair for pairs in terms for pair in pairs)
     needs = tuple(bool(pairs) for pairs in terms)
-    groups = input_groups(desc) if BACKWARD_GROUPS else [(list(range(len(desc.in1))), desc.active_paths)]
+    groups = backward_groups(desc, dtype)
     sizes = (d1, len(groups) * d2, nw)
     shapes, unpack = needed_outputs(needs, [jax.ShapeDtypeStruct((n * d,), dtype) for d in sizes])
 

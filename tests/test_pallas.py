@@ -213,8 +213,8 @@ def fresh_kernels():
 @pytest.mark.parametrize("shared", [False, True])
 @pytest.mark.parametrize("name", ["uvu", "uvw"])
 def test_backward_groups(name, shared, fresh_kernels, monkeypatch):
-    """The batched backward with a program per x segment (partial gy summed after, the
-    default): first order and the fused second order as with one program per row."""
+    """The batched backward with a program per x segment (partial gy summed after): first
+    order and the fused second order as with one program per row."""
     tp = PROBLEMS[name]()
     desc = tp.descriptor.trilinear
     rng = np.random.default_rng(9)
@@ -222,8 +222,8 @@ def test_backward_groups(name, shared, fresh_kernels, monkeypatch):
     w, ggw = rng.normal(size=(2, desc.weight_numel) if shared else (2, BATCH, desc.weight_numel))
     arrays = (x, y, w, gz, ggx, ggy, ggw)
     spec = SPECS["all"]
-    assert pallas_kernels.tensor_product.BACKWARD_GROUPS
-    assert len(pallas_kernels.tensor_product.input_groups(desc)) > 1
+    monkeypatch.setattr(pallas_kernels.tensor_product, "BACKWARD_GROUPS", True)
+    assert len(pallas_kernels.tensor_product.backward_groups(desc, x.dtype)) > 1
     got = pallas_kernels.backward(desc, x, y, w, gz), pallas.second(desc, spec, arrays)
     monkeypatch.setattr(pallas_kernels.tensor_product, "BACKWARD_GROUPS", False)
     jax.clear_caches()
@@ -304,6 +304,18 @@ def test_unsupported_mode_is_a_clear_error():
     with pytest.raises(ValueError, match="pallas backend does not run mode"):
         tp(x, y, w, backend="pallas")
     assert "uvv" not in pallas_kernels.SUPPORTED_MODES
+
+
+def test_backward_groups_rule():
+    """Channelwise products get a backward program per x segment; uvw ones in float64 only,
+    and only with x segments of at least 8 channels."""
+    groups = pallas_kernels.tensor_product.backward_groups
+    uvw_wide = jequi.fully_connected("16x0e+8x1o", "0e+1o", "8x0e+8x1o").descriptor.trilinear
+    uvw_narrow = PROBLEMS["uvw"]().descriptor.trilinear
+    assert len(groups(PROBLEMS["uvu"]().descriptor.trilinear, np.float32)) == 3
+    assert len(groups(uvw_wide, np.float32)) == 1
+    assert len(groups(uvw_wide, np.float64)) == 2
+    assert len(groups(uvw_narrow, np.float64)) == 1
 
 
 def test_chunks_cover_any_multiplicity():
