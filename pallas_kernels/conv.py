@@ -14,7 +14,10 @@
   to the sender's sum, written once. One kernel (programs split by ``x`` segment, with a
   partial ``gy`` each), deterministic, no ``|E| x in1.dim`` buffer.
 
-Optional Kahan (compensated) summation of the on-chip sums, for f32.
+Both walk sums of trilinear terms (:func:`conv_forward_sum`, :func:`conv_backward_sum`), as
+the batched kernels do: the fused double backward runs the seven-op identity's sums through
+them (``jequi.backends.pallas.conv_second``). Optional Kahan (compensated) summation of the
+on-chip sums, for f32.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from .tensor_product import (
     rows_loop,
     slots,
     storer,
+    used_positions,
     zero_weights,
 )
 
@@ -174,7 +178,7 @@ def conv_forward_sum(
     arrays as in :class:`jequi.Graph` (``edges_sorted``: ``receiver_order`` is the identity
     and is not read)."""
     do = desc.dims[2]
-    used = sorted({a for term in terms for a in term})
+    used = used_positions(terms)
     node_positions = {i for i, _, _ in terms}
     num_edges = arrays[terms[0][1]].shape[0]
     dtype = arrays[terms[0][0]].dtype
@@ -233,7 +237,7 @@ def conv_backward_sum(
     (and a part of the sender's edges, :func:`edge_splits`); each group writes its own
     partial ``gy`` and each part its own partial ``gx``, summed here. With
     `shared_weights`, ``gw`` is summed over edges."""
-    used = sorted({a for pairs in terms for pair in pairs for a in pair})
+    used = used_positions(pair for pairs in terms for pair in pairs)
     node_positions = {a for a, _ in terms[1] + terms[2]}
     num_senders = sender_offsets.shape[0] - 2
     num_edges = sender_order.shape[0]

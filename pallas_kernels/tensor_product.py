@@ -12,6 +12,11 @@ Modes: ``uvu`` and ``uuu`` (channelwise, vectors over ``u``) and ``uvw`` and ``u
 (a per-row weight matrix contracted over ``u``: 2-D ``(u, w)`` tiles reduced on chip).
 The kernels take the descriptor's :attr:`~jequi.TensorProductDescriptor.trilinear` view, in
 which every path is weighted.
+
+Each kernel computes a sum of trilinear terms (:func:`forward_sum`, :func:`backward_sum`):
+the first-order ops have one term, the fused double backward of :mod:`jequi.autodiff` up to
+three per result, sharing every load of a row. The backward runs a program per ``x``
+segment where that was measured to pay (:func:`backward_groups`).
 """
 
 from __future__ import annotations
@@ -503,7 +508,7 @@ def backward_terms(needs=ALL) -> tuple:
     return tuple(pair if need else () for pair, need in zip((((1, 2),), ((0, 2),), ((0, 1),)), needs))
 
 
-def _used(terms) -> list[int]:
+def used_positions(terms) -> list[int]:
     """The array positions some term reads (the kernel gets refs for these only)."""
     return sorted({a for term in terms for a in term})
 
@@ -519,7 +524,7 @@ def forward_sum(desc, terms, *arrays):
     """``z (N, out.dim) = sum of f(arrays[a], arrays[b], arrays[c]) over (a, b, c) in terms``:
     ``x``-like arrays ``(N, in1.dim)``, ``y``-like ``(N, in2.dim)``, ``w``-like ``(N, nw)`` or
     shared ``(nw,)`` (None where no term reads it)."""
-    used = _used(terms)
+    used = used_positions(terms)
     n = arrays[terms[0][0]].shape[0]
     do = desc.dims[2]
     rpp = _rows_per_program(n)
@@ -598,7 +603,7 @@ def backward_sum(desc, terms, shared_weights: bool, g, *arrays):
     nw = desc.weight_numel
     rpp = _rows_per_program(n)
     dtype = g.dtype
-    used = _used(pair for pairs in terms for pair in pairs)
+    used = used_positions(pair for pairs in terms for pair in pairs)
     needs = tuple(bool(pairs) for pairs in terms)
     groups = backward_groups(desc, dtype)
     sizes = (d1, len(groups) * d2, nw)
