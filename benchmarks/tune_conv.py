@@ -83,6 +83,8 @@ def main():
     for name, default in defaults.items():
         ap.add_argument("--" + name.replace("_", "-"), default=default)
     a = ap.parse_args()
+    if a.dbl_batch > a.tp_batch:
+        ap.error("--dbl-batch takes its rows from the --tp-batch ones: give --tp-batch at least as large")
     if a.dtype == "float64":
         jax.config.update("jax_enable_x64", True)
     build, cutoff = structures.STRUCTURES[a.graph]

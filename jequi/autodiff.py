@@ -201,12 +201,30 @@ def trilinear_op(forward: Callable, backward: Callable, second: Callable | None 
         return tuple(second(spec, arrays, *aux))
 
     def second_fwd(spec, arrays, *aux):
-        return second_op(spec, arrays, *aux), (arrays, aux)
+        perturbed = _Perturbed(tuple(a is not None and bool(a.perturbed) for a in arrays))
+        arrays, aux = tuple(None if a is None else a.value for a in arrays), tuple(a.value for a in aux)
+        return second_op(spec, arrays, *aux), (arrays, aux, perturbed)
 
     def second_bwd(spec, res, cts):
-        arrays, aux = res
-        _, vjp = jax.vjp(lambda arrays: composed(spec, arrays, *aux), arrays)
-        return (*vjp(tuple(cts)), *(None for _ in aux))
+        """The VJP of the composed rule, over the perturbed inputs and the results with a
+        nonzero cotangent only (so its own calls still skip what is not needed)."""
+        arrays, aux, perturbed = res
+        live = [k for k, ct in enumerate(cts) if not _is_zero(ct)]
+        moving = [k for k, p in enumerate(perturbed.flags) if p]
+        if not live or not moving:
+            return ((None,) * len(arrays), *(None for _ in aux))
 
-    second_op.defvjp(second_fwd, second_bwd)
+        def results(*values):
+            full = list(arrays)
+            for k, v in zip(moving, values):
+                full[k] = v
+            out = composed(spec, tuple(full), *aux)
+            return [out[k] for k in live]
+
+        _, vjp = jax.vjp(results, *(arrays[k] for k in moving))
+        grads = dict(zip(moving, vjp([cts[k] for k in live])))
+        return (tuple(grads.get(k) for k in range(len(arrays))), *(None for _ in aux))
+
+    if second:
+        second_op.defvjp(second_fwd, second_bwd, symbolic_zeros=True)
     return TrilinearOp(apply, backward_op)

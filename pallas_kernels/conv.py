@@ -32,8 +32,8 @@ from .lowering import pallas_call
 from .tensor_product import (
     ALL,
     FORWARD_TERMS,
-    Pairs,
     Row,
+    add_parts,
     backward_row,
     backward_terms,
     forward_values,
@@ -41,6 +41,7 @@ from .tensor_product import (
     input_groups,
     needed_outputs,
     num_warps,
+    pairs_of,
     row_refs,
     rows_loop,
     slots,
@@ -139,11 +140,6 @@ def _part(off_ref, row, part, splits: int):
     return start + n * part // splits, start + n * (part + 1) // splits
 
 
-def _add_parts(a):
-    """``a[0] + a[1] + ...`` (partial sums, in this fixed order)."""
-    return functools.reduce(lambda s, t: s + t, [a[k] for k in range(a.shape[0])])
-
-
 def output_groups(desc) -> list[list[int]]:
     """Output segments in consecutive groups of at most :data:`ACCUMULATORS_PER_THREAD`
     accumulator elements per thread (the sums live in registers for a whole edge loop: a
@@ -215,7 +211,7 @@ def conv_forward_sum(
         kernel, jax.ShapeDtypeStruct((splits * num_nodes * do,), dtype), (num_nodes, len(groups) * splits), warps,
         name="jequi_conv_fwd",
     )(*(arrays[a].reshape(-1) for a in used), receiver_senders, receiver_order, receiver_offsets)
-    return _add_parts(out.reshape(splits, num_nodes, do))
+    return add_parts(out.reshape(splits, num_nodes, do))
 
 
 def conv_forward(desc, x, y, w, receiver_senders, receiver_order, receiver_offsets, **options):
@@ -277,9 +273,8 @@ def conv_backward_sum(
                     def edge(k):
                         e = order_ref[k]
                         rows = {**row_refs(arrays, node_refs, n), **row_refs(arrays, edge_refs, e)}
-                        pairs = Pairs(*(tuple((rows[i], rows[j]) for i, j in pairs) for pairs in terms))
                         store_gw = None if gw_ref is None else storer(gw_ref, e * nw)
-                        gx, gy = backward_row(desc, Row(g_ref, r_ref[k] * do), pairs, store_gw, paths)
+                        gx, gy = backward_row(desc, Row(g_ref, r_ref[k] * do), pairs_of(terms, rows), store_gw, paths)
                         if gi == 0:
                             zero_weights(inactive, store_gw, dtype)
                         if gy_ref is not None:
@@ -319,9 +314,9 @@ def conv_backward_sum(
         )(gout.reshape(-1), *(arrays[a].reshape(-1) for a in used), sender_receivers, sender_order, sender_offsets)
     )
     if gx is not None:
-        gx = _add_parts(gx.reshape(splits, num_senders, d1))
+        gx = add_parts(gx.reshape(splits, num_senders, d1))
     if gy is not None:
-        gy = _add_parts(gy.reshape(len(groups), num_edges, d2))
+        gy = add_parts(gy.reshape(len(groups), num_edges, d2))
     if gw is not None:
         gw = gw.reshape(num_edges, nw)
         gw = gw.sum(0) if shared_weights else gw

@@ -5,7 +5,7 @@ the descriptor) is a literal of an unrolled instruction stream; block offsets ar
 A program owns ``rows_per_program`` batch rows and walks them one at a time; within a row the
 multiplicity channels are vectorized in power-of-two chunks (Triton tensors must have
 power-of-two sizes; exact chunks need no masks). Each input element of a row is loaded
-once (loads are cached per row), each output element is stored once, and the backward
+once per program (loads are cached per row), each output element is stored once, and the backward
 recomputes what it needs instead of reading stored intermediates.
 
 Modes: ``uvu`` and ``uuu`` (channelwise, vectors over ``u``) and ``uvw`` and ``uuw``
@@ -433,8 +433,8 @@ def _backward_path(desc, p, rg, pairs: Pairs, gx, gy, store_gw):
 
 def input_groups(desc) -> list[tuple[list[int], list]]:
     """``(in1 segments, paths)`` per backward program: one group per ``x`` segment that has
-    paths (their ``gx`` slots, ``gw`` blocks and ``gz`` blocks are disjoint, so a group needs
-    no other group's sums; ``gy`` is the one shared output). Segments without paths go to
+    paths (their ``gx`` slots and ``gw`` blocks are disjoint, so a group needs no other
+    group's sums; ``gz`` is only read; ``gy`` is the one shared output). Segments without paths go to
     the first group (their ``gx`` is zero)."""
     groups = [([s], [p for p in desc.active_paths if p.i_in1 == s]) for s in range(len(desc.in1))]
     used = [g for g in groups if g[1]]
@@ -445,6 +445,11 @@ def input_groups(desc) -> list[tuple[list[int], list]]:
 
 
 # --- pallas_call wrappers -------------------------------------------------------------------
+def add_parts(a):
+    """``a[0] + a[1] + ...`` (partial sums of separate programs, in this fixed order)."""
+    return functools.reduce(lambda s, t: s + t, [a[k] for k in range(a.shape[0])])
+
+
 def rows_loop(n_rows: int, rows_per_program: int, body):
     pid = pl.program_id(0)
 
@@ -506,6 +511,11 @@ FORWARD_TERMS = ((0, 1, 2),)
 def backward_terms(needs=ALL) -> tuple:
     """The first-order backward's pairs (arrays ``(x, y, w)``) for the gradients in `needs`."""
     return tuple(pair if need else () for pair, need in zip((((1, 2),), ((0, 2),), ((0, 1),)), needs))
+
+
+def pairs_of(terms, rows: dict) -> Pairs:
+    """The :class:`Pairs` of rows for backward `terms` (pairs of array positions per gradient)."""
+    return Pairs(*(tuple((rows[i], rows[j]) for i, j in pairs) for pairs in terms))
 
 
 def used_positions(terms) -> list[int]:
@@ -621,8 +631,7 @@ def backward_sum(desc, terms, shared_weights: bool, g, *arrays):
                 @pl.when(group == gi)
                 def _():  # loads cached inside the branch: a group never sees another's values
                     r = row_refs(arrays, dict(zip(used, in_refs)), b)
-                    pairs = Pairs(*(tuple((r[i], r[j]) for i, j in pairs) for pairs in terms))
-                    gx, gy = backward_row(desc, Row(g_ref, b * do), pairs, store_gw, paths)
+                    gx, gy = backward_row(desc, Row(g_ref, b * do), pairs_of(terms, r), store_gw, paths)
                     if gi == 0 and gw_ref is not None:
                         zero_weights(inactive_paths(desc), store_gw, dtype)
                     if gx_ref is not None:
@@ -639,7 +648,7 @@ def backward_sum(desc, terms, shared_weights: bool, g, *arrays):
         )
     )
     if gy is not None:
-        gy = gy.reshape(len(groups), n, d2).sum(0)
+        gy = add_parts(gy.reshape(len(groups), n, d2))
     if gw is not None:
         gw = gw.reshape(n, nw)
         # Shared weights: per-row gradients summed by XLA (a pass over N x nw; see the issue note).

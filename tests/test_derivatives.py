@@ -71,6 +71,19 @@ def test_derivatives(name, order, shared):
             assert_close(a, b, 1e-10, f"{order.__name__} d/d{what} vs {oracle}")
 
 
+@pytest.mark.parametrize("name", ["fully-connected"])
+def test_third_order_through_the_fused_second_order(name):
+    """The pallas backend's fused double backward is differentiated through the composed rule
+    (restricted to its perturbed inputs and nonzero cotangents): third order as the reference."""
+    tp = PROBLEMS[name]()
+    x, y, w = random_inputs(tp, 2)
+    g = np.random.default_rng(4).normal(size=(2, tp.irreps_out.dim))
+    ours = jax.jit(third(functools.partial(tp, backend="pallas"), g))(x, y, w)
+    expected = third(functools.partial(xla.forward, tp.descriptor), g)(x, y, w)
+    for a, b, what in zip(ours, expected, "xyw"):
+        assert_close(a, b, 1e-10, f"third d/d{what}")
+
+
 def test_second_order_with_symbolic_zero_cotangents():
     # Only gy is used: the seven-op rule sees zero cotangents for gx and gw and skips them.
     tp = PROBLEMS["channelwise"]()

@@ -29,22 +29,22 @@ class Backend:
     backward: Callable
     conv_forward: Callable
     conv_backward: Callable
+    check: Callable = lambda desc: None  # raises ValueError for a descriptor it cannot run
+    available: Callable[[], bool] = lambda: True
+    supports_kahan: bool = False
     # Fused double backward (jequi.autodiff.trilinear_op's `second`), or None: composed from
     # forward/backward calls. ``second(desc, spec, arrays)``, ``conv_second(desc, spec,
     # arrays, graph[, kahan])``.
     second: Callable | None = None
     conv_second: Callable | None = None
-    check: Callable = lambda desc: None  # raises ValueError for a descriptor it cannot run
-    available: Callable[[], bool] = lambda: True
-    supports_kahan: bool = False
 
 
 BACKENDS: dict[str, Backend] = {
     "xla": Backend("xla", xla.forward, xla.backward, xla.conv_forward, xla.conv_backward),
     # On CPU the Pallas kernels run in interpret mode: available (for tests), never the default.
     "pallas": Backend(
-        "pallas", pallas.forward, pallas.backward, pallas.conv_forward, pallas.conv_backward, pallas.second,
-        pallas.conv_second, pallas.check, supports_kahan=True,
+        "pallas", pallas.forward, pallas.backward, pallas.conv_forward, pallas.conv_backward, pallas.check,
+        supports_kahan=True, second=pallas.second, conv_second=pallas.conv_second,
     ),
 }
 
