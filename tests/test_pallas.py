@@ -132,7 +132,7 @@ SPECS = {
 # every mode with all terms, then shared weights and partial specs on a few (interpret mode is slow)
 SECOND_ORDER_CASES = [(name, op, False, "all") for name in ("uvu", "uvw", "uuu+unweighted", "uuw") for op in ("tp", "conv")]
 SECOND_ORDER_CASES += [("uvu", "tp", True, "force-training"), ("uvw", "tp", True, "force-training")]
-SECOND_ORDER_CASES += [("uvu", "conv", True, "force-training")]
+SECOND_ORDER_CASES += [("uvu", "conv", True, "force-training"), ("uvu", "conv-kahan", False, "all")]
 SECOND_ORDER_CASES += [("uvu", "tp", False, "dgz-only"), ("uvw", "conv", True, "dgz-only"), ("uvw", "tp", False, "dw-only")]
 
 
@@ -145,6 +145,7 @@ def test_fused_second_order(name, op, shared, spec):
     spec = SPECS[spec]
     rng = np.random.default_rng(8)
     n, e = (200, 3000) if ON_GPU else (4, 9)
+    options = {"kahan": True} if op == "conv-kahan" else {}  # compensated on-chip sums
     rows = BATCH if op == "tp" else e
     xs = rng.normal(size=(2, rows if op == "tp" else n, desc.dims[0]))
     ys = rng.normal(size=(2, rows, desc.dims[1]))
@@ -162,7 +163,7 @@ def test_fused_second_order(name, op, shared, spec):
         f = lambda x, y, w: jax.ops.segment_sum(  # noqa: E731
             jnp.where(keep[:, None], xla.forward(desc, x[np.where(keep, s, 0)], y, w), 0), np.where(keep, r, 0), num_segments=n
         )
-        ours = pallas.conv_second(desc, spec, (xs[0], ys[0], ws[0], gz, xs[1], ys[1], ws[1]), graph)
+        ours = pallas.conv_second(desc, spec, (xs[0], ys[0], ws[0], gz, xs[1], ys[1], ws[1]), graph, **options)
     expected = _second_order_reference(f, spec, (xs[0], ys[0], ws[0], gz, xs[1], ys[1], ws[1]))
     for a, b, what in zip(ours, expected, ("dx", "dy", "dw", "dgz")):
         assert (a is None) == (b is None), what
