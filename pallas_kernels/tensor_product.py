@@ -579,7 +579,7 @@ def needed_outputs(needs, shapes) -> tuple[list, callable]:
 
 # Programs of the batched backward per block of rows: one for the whole row, or one per
 # :func:`input_groups` group (each program holds one x segment's gradients and paths, fewer
-# live values, and writes a partial gy; the partials are summed by XLA). None: the rule of
+# live values, and writes a partial gy; the partials are added after, :func:`add_parts`). None: the rule of
 # :func:`backward_groups`; True / False force it (benchmarks/tune_conv.py --backward-groups).
 BACKWARD_GROUPS: bool | None = None
 
@@ -605,9 +605,9 @@ def backward_groups(desc, dtype) -> list[tuple[list[int], list]]:
 @functools.partial(jax.jit, static_argnums=(0, 1, 2))
 def backward_sum(desc, terms, shared_weights: bool, g, *arrays):
     """``(gx, gy, gw)``: each the sum of the backward over its pairs in ``terms = (gx pairs,
-    gy pairs, gw pairs)`` (:class:`Pairs`, as positions in `arrays`) against the output
-    cotangent ``g (N, out.dim)``; None for a gradient without pairs. With `shared_weights`,
-    ``gw`` is summed over rows."""
+    gy pairs, gw pairs)`` (pairs of positions in `arrays`, which :func:`pairs_of` turns into
+    the rows of a :class:`Pairs`) against the output cotangent ``g (N, out.dim)``; None for a
+    gradient without pairs. With `shared_weights`, ``gw`` is summed over rows."""
     n = g.shape[0]
     d1, d2, do = desc.dims
     nw = desc.weight_numel
