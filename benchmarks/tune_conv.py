@@ -4,15 +4,16 @@
         [--channelwise IN1:IN2:OUT] [--no-conv] [--steps 1,2,4] [--accumulators 32,64,128]
         [--forward-warps auto,1,2,4] [--backward-warps auto,1,2,4] [--lane-sums element,tile]
         [--edge-splits auto,1,2,4,8] [--rows auto,1,8] [--backward-groups auto,0,1]
-        [--no-backward] [--dbl-batch 20000]
+        [--forward-accumulators auto,64,128] [--no-backward] [--dbl-batch 20000]
 
-Knobs (module constants): EDGES_PER_STEP (edges per loop step), ACCUMULATORS_PER_THREAD
+Knobs (module constants): EDGES_PER_STEP (edges per loop step), ACCUMULATOR_REGISTERS
 (forward output grouping), EDGE_SPLITS (programs per row's edges, auto = edge_splits' rule)
 of pallas_kernels.conv; FORWARD_WARPS and BACKWARD_WARPS (warps
 per program, auto = num_warps' rule), LANE_SUMS (gy's cross-lane sums per element or as one
 tile) and ROWS_PER_PROGRAM (the batched product's rows per program) of
 pallas_kernels.tensor_product, BACKWARD_GROUPS (the batched backward's programs per x
-segment, auto = backward_groups' rule) of the same. Prints conv fwd and fwd+bwd ms per setting
+segment, auto = backward_groups' rule) and FORWARD_ACCUMULATORS (the batched forward's output
+elements per thread before a split over programs, auto = forward_groups' rule) of the same. Prints conv fwd and fwd+bwd ms per setting
 (unless --no-conv), with --tp-batch the batched product's too, and with --dbl-batch the
 batched product's double backward (gpu_benchmark.py's dbl) on that many of those rows. --channelwise adds a product of
 one's own irreps (jequi.channelwise), e.g. a model's convolution.
@@ -32,26 +33,31 @@ import jequi
 import pallas_kernels.conv as conv
 import pallas_kernels.tensor_product as tensor_product
 
+# (runs, calls per run) of each timing: settings differ by a few percent, more than the
+# run-to-run spread of timing.py's default 5 x 5 calls.
+REPEAT = (9, 20)
+
 KNOBS = {  # option -> (module, constant, parse)
     "steps": (conv, "EDGES_PER_STEP", int),
-    "accumulators": (conv, "ACCUMULATORS_PER_THREAD", int),
+    "accumulators": (conv, "ACCUMULATOR_REGISTERS", int),
     "forward_warps": (tensor_product, "FORWARD_WARPS", lambda v: None if v == "auto" else int(v)),
     "backward_warps": (tensor_product, "BACKWARD_WARPS", lambda v: None if v == "auto" else int(v)),
     "lane_sums": (tensor_product, "LANE_SUMS", str),
     "edge_splits": (conv, "EDGE_SPLITS", lambda v: None if v == "auto" else int(v)),
     "rows": (tensor_product, "ROWS_PER_PROGRAM", lambda v: None if v == "auto" else int(v)),
     "backward_groups": (tensor_product, "BACKWARD_GROUPS", lambda v: None if v == "auto" else v == "1"),
+    "forward_accumulators": (tensor_product, "FORWARD_ACCUMULATORS", lambda v: None if v == "auto" else int(v)),
 }
 
 
 def time_both(f, g, args, backward: bool) -> str:
     """`` fwd ms (compile s)[, fwd+bwd ms (compile s)]`` of ``f`` and of ``f`` with its
     gradients (the loss ``<f(x, y, w), g>``)."""
-    fwd_ms, fwd_c = timed(jax.jit(f), args)
+    fwd_ms, fwd_c = timed(jax.jit(f), args, *REPEAT)
     text = f" fwd {fwd_ms:.3f} ms (compile {fwd_c:.1f} s)"
     if backward:  # g is an argument: a captured array would be embedded as a constant
         both = jax.jit(jax.value_and_grad(lambda x, y, w, g: jnp.vdot(f(x, y, w), g), (0, 1, 2)))
-        both_ms, both_c = timed(both, (*args, g))
+        both_ms, both_c = timed(both, (*args, g), *REPEAT)
         text += f", fwd+bwd {both_ms:.3f} ms (compile {both_c:.1f} s)"
     return text
 
@@ -64,7 +70,7 @@ def time_dbl(f, g, args) -> str:
         gx, gy, _ = jax.grad(lambda x, y, w: jnp.vdot(f(x, y, w), g), (0, 1, 2))(x, y, w)
         return jnp.sum(gx**2) + jnp.sum(gy**2)
 
-    ms, compile_s = timed(jax.jit(jax.grad(loss, (0, 1, 2))), (*args, g))
+    ms, compile_s = timed(jax.jit(jax.grad(loss, (0, 1, 2))), (*args, g), *REPEAT)
     return f" dbl {ms:.3f} ms (compile {compile_s:.1f} s)"
 
 
@@ -79,7 +85,7 @@ def main():
     ap.add_argument("--conv", action=argparse.BooleanOptionalAction, default=True, help="time the conv")
     ap.add_argument("--backward", action=argparse.BooleanOptionalAction, default=True, help="time fwd+bwd too")
     defaults = {"steps": "1", "accumulators": "64", "forward_warps": "auto", "backward_warps": "auto", "lane_sums": "tile",
-                "edge_splits": "auto", "rows": "auto", "backward_groups": "auto"}
+                "edge_splits": "auto", "rows": "auto", "backward_groups": "auto", "forward_accumulators": "auto"}
     for name, default in defaults.items():
         ap.add_argument("--" + name.replace("_", "-"), default=default)
     a = ap.parse_args()

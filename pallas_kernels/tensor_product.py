@@ -15,7 +15,8 @@ which every path is weighted.
 
 Each kernel computes a sum of trilinear terms (:func:`forward_sum`, :func:`backward_sum`):
 the first-order ops have one term, the fused double backward of :mod:`jequi.autodiff` up to
-three per result, sharing every load of a row. The backward runs a program per ``x``
+three per result, sharing every load of a row. The forward splits wide outputs over
+programs by output segment (:func:`forward_groups`); the backward runs a program per ``x``
 segment where that was measured to pay (:func:`backward_groups`).
 """
 
@@ -444,14 +445,29 @@ def input_groups(desc) -> list[tuple[list[int], list]]:
     return used
 
 
+def output_groups(desc, budget: int) -> list[list[int]]:
+    """Output segments in consecutive groups of at most `budget` elements, each a program of
+    its own (whose outputs stay in registers until its stores); a segment larger than the
+    budget is a group alone."""
+    groups, size = [[]], 0
+    for s, seg in enumerate(desc.out):
+        if groups[-1] and size + seg.size > budget:
+            groups.append([])
+            size = 0
+        groups[-1].append(s)
+        size += seg.size
+    return groups
+
+
 # --- pallas_call wrappers -------------------------------------------------------------------
 def add_parts(a):
     """``a[0] + a[1] + ...`` (partial sums of separate programs, in this fixed order)."""
     return functools.reduce(lambda s, t: s + t, [a[k] for k in range(a.shape[0])])
 
 
-def rows_loop(n_rows: int, rows_per_program: int, body):
-    pid = pl.program_id(0)
+def rows_loop(n_rows: int, rows_per_program: int, body, axis: int = 0):
+    """``body(b)`` for the rows of this program (grid `axis` counts blocks of rows)."""
+    pid = pl.program_id(axis)
 
     def step(r, carry):
         b = pid * rows_per_program + r
@@ -529,6 +545,35 @@ def row_refs(arrays, refs: dict, b) -> dict:
     return {a: Row(ref, 0 if arrays[a].ndim == 1 else b * arrays[a].shape[1]) for a, ref in refs.items()}
 
 
+# The batched forward's programs per block of rows, by output segments (:func:`output_groups`):
+# None, the rule of :func:`forward_groups`; a number, groups of at most that many output
+# elements per thread (0: a program per segment; tune_conv.py --forward-accumulators).
+FORWARD_ACCUMULATORS: int | None = None
+# float32 rows with more output elements per thread than this get a program per segment.
+FORWARD_REGISTERS = 128
+
+
+def forward_groups(desc, dtype) -> list[list[int]]:
+    """The batched forward's program groups of output segments: a program per segment in
+    float64, and in float32 where a row's outputs exceed :data:`FORWARD_REGISTERS` per thread
+    (a row's outputs stay in registers until its stores: storing each segment early was
+    slower, the loads after a store no longer overlap, results/2026-11-21-h200-ab.md); else
+    one. A program reads only its paths' inputs.
+
+    Measured (H200, 50,000 rows, ms, one program -> per segment; tune_conv.py, one process
+    per dtype, about 8 % run-to-run spread): float64 MACE-large 2.82 -> 2.63, MACE-medium 0.95
+    -> 0.60, NequIP-LiPS 0.61 -> 0.57, NequIP-OAM 1.20 -> 1.23, DiffDock-L1 1.04 -> 0.96,
+    NequIP-benzene (312 outputs per thread) 41 -> ...; float32 NequIP-benzene 2.95 -> 2.25,
+    MACE-large (71 per thread) 0.90 -> 0.84, NequIP-LiPS 0.31 -> 0.36, NequIP-OAM 0.57 -> 0.72.
+    Groups under a budget (32-128 per thread) were no better than one of the two."""
+    warps = num_warps(desc)
+    if FORWARD_ACCUMULATORS is not None:
+        return output_groups(desc, FORWARD_ACCUMULATORS * 32 * warps)
+    if jnp.dtype(dtype) == jnp.float64 or desc.dims[2] > FORWARD_REGISTERS * 32 * warps:
+        return [[s] for s in range(len(desc.out))]
+    return [list(range(len(desc.out)))]
+
+
 @functools.partial(jax.jit, static_argnums=(0, 1))
 def forward_sum(desc, terms, *arrays):
     """``z (N, out.dim) = sum of f(arrays[a], arrays[b], arrays[c]) over (a, b, c) in terms``:
@@ -538,23 +583,32 @@ def forward_sum(desc, terms, *arrays):
     n = arrays[terms[0][0]].shape[0]
     do = desc.dims[2]
     rpp = _rows_per_program(n)
+    dtype = arrays[terms[0][0]].dtype
+    groups = forward_groups(desc, dtype)
 
     def kernel(*refs):
         *in_refs, z_ref = refs
+        group = pl.program_id(0)  # read outside the loops (interpret mode needs it there)
 
         def row(b):
-            r = row_refs(arrays, dict(zip(used, in_refs)), b)
-            values = forward_values(desc, [(r[i], r[j], r[k]) for i, j, k in terms])
-            store = storer(z_ref, b * do)
-            for idx, value in zip(slots(desc.out), values):
-                store(idx, value)
+            for gi, outputs in enumerate(groups):
 
-        rows_loop(n, rpp, row)
+                @pl.when(group == gi)
+                def _():  # loads cached inside the branch: a group loads only its paths' inputs
+                    r = row_refs(arrays, dict(zip(used, in_refs)), b)
+                    values = forward_values(desc, [(r[i], r[j], r[k]) for i, j, k in terms], outputs)
+                    store = storer(z_ref, b * do)
+                    for idx, value in zip(slots([desc.out[s] for s in outputs]), values):
+                        store(idx, value)
 
-    dtype = arrays[terms[0][0]].dtype
-    z = pallas_call(
-        kernel, jax.ShapeDtypeStruct((n * do,), dtype), (pl.cdiv(n, rpp),), num_warps(desc), name="jequi_tp_fwd"
-    )(*(arrays[a].reshape(-1) for a in used))
+        rows_loop(n, rpp, row, axis=1)
+
+    # groups first: the programs of one block of rows run side by side and share its x
+    # (and y) reads in L2
+    grid = (len(groups), pl.cdiv(n, rpp))
+    z = pallas_call(kernel, jax.ShapeDtypeStruct((n * do,), dtype), grid, num_warps(desc), name="jequi_tp_fwd")(
+        *(arrays[a].reshape(-1) for a in used)
+    )
     return z.reshape(n, do)
 
 

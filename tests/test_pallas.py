@@ -85,9 +85,9 @@ def test_conv_output_groups_and_determinism(monkeypatch):
     """Wide outputs are split over programs (here forced to many); the result is
     the same, and bitwise the same from run to run."""
     tp = PROBLEMS["uvu"]()
-    monkeypatch.setattr(pallas_kernels.conv, "ACCUMULATORS_PER_THREAD", 1)
+    monkeypatch.setattr(pallas_kernels.conv, "ACCUMULATOR_REGISTERS", 1)
     desc = tp.descriptor.trilinear
-    assert len(pallas_kernels.conv.output_groups(desc)) > 1
+    assert len(pallas_kernels.conv.conv_output_groups(desc, np.float32)) > 1
     rng = np.random.default_rng(1)
     n, e = (500, 20000) if ON_GPU else (4, 9)
     x, y, w = (rng.normal(size=s).astype(np.float32) for s in ((n, tp.irreps_in1.dim), (e, tp.irreps_in2.dim), (e, tp.weight_numel)))
@@ -236,6 +236,35 @@ def test_backward_groups(name, shared, fresh_kernels, monkeypatch):
     for ours, ref in zip(got, expected):
         for a, b in zip(ours, ref):
             assert_close(a, b, 1e-12)
+
+
+@pytest.mark.parametrize("name, shared", [("uvu", False), ("uvw", True)])
+def test_forward_groups(name, shared, fresh_kernels, monkeypatch):
+    """The batched forward split over programs by output segment (forced, one each): the
+    forward and the fused second order's ``dgz`` (three triples) as the reference."""
+    tp = PROBLEMS[name]()
+    desc = tp.descriptor.trilinear
+    rng = np.random.default_rng(10)
+    x, y, gz, ggx, ggy = (rng.normal(size=(BATCH, d)) for d in desc.dims[:2] + desc.dims[2:] + desc.dims[:2])
+    w, ggw = rng.normal(size=(2, desc.weight_numel) if shared else (2, BATCH, desc.weight_numel))
+    arrays = (x, y, w, gz, ggx, ggy, ggw)
+    monkeypatch.setattr(pallas_kernels.tensor_product, "FORWARD_ACCUMULATORS", 0)
+    assert len(pallas_kernels.tensor_product.forward_groups(desc, x.dtype)) == len(desc.out)
+    assert_close(pallas_kernels.forward(desc, x, y, w), xla.forward(desc, x, y, w), 1e-12)
+    spec = SPECS["dgz-only"]
+    dgz = pallas.second(desc, spec, arrays)[3]
+    assert_close(dgz, _second_order_reference(functools.partial(xla.forward, desc), spec, arrays)[3], 1e-11)
+
+
+def test_forward_groups_rule():
+    """A float64 output element takes two registers: MACE-large's forward (71 outputs per
+    thread) is one program per row block in float32 and split in float64; NequIP-benzene's
+    (312) is split in both."""
+    groups = pallas_kernels.tensor_product.forward_groups
+    large, benzene = (jequi.problems.get(n).descriptor.trilinear for n in ("mace-large", "nequip-benzene"))
+    assert len(groups(large, np.float32)) == 1
+    assert len(groups(large, np.float64)) > 1
+    assert len(groups(benzene, np.float32)) > 1
 
 
 WIDE = {  # warp-wide channels (gy's lane sums as tiles); 33 = 32 + 1: both widths on one position
