@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
-# Nsight Compute profile of the Pallas conv kernels (device tool, Firecracker machines; ncu is
+# Nsight Compute profile of the Pallas kernels (device tool, Firecracker machines; ncu is
 # told to leave the clocks alone). From the repo root, .peers carried:
 #   bash benchmarks/profile_conv.sh TAG [tune_conv.py args, e.g. --lane-sums tile]
-# profiles the first forward and backward launch of tune_conv.py's first setting and writes
-# $OUT/TAG.ncu-rep and $OUT/TAG.txt (the details page), then prints the headline metrics.
+# profiles the first two launches of kernels matching KERNEL (a regex, default jequi_conv: the
+# conv's forward and backward; jequi_tp_fwd with --no-conv --tp-batch N: the batched forward)
+# in tune_conv.py's first setting and writes $OUT/TAG.ncu-rep and $OUT/TAG.txt (the details
+# page), then prints the headline metrics.
 set -uo pipefail
 tag=$1; shift
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 sections=(SpeedOfLight LaunchStats Occupancy WarpStateStats SchedulerStats MemoryWorkloadAnalysis
           ComputeWorkloadAnalysis InstructionStats SourceCounters)
 cd benchmarks
-timeout "${PROFILE_TIMEOUT:-240}" ncu --clock-control none --kernel-name regex:jequi_conv --launch-count 2 \
+timeout "${PROFILE_TIMEOUT:-240}" ncu --clock-control none --kernel-name "regex:${KERNEL:-jequi_conv}" --launch-count 2 \
   "${sections[@]/#/--section=}" -f -o "$OUT/$tag" python3 tune_conv.py "$@" > "$OUT/$tag.run.log" 2>&1
 ncu --import "$OUT/$tag.ncu-rep" --page details > "$OUT/$tag.txt" 2>&1
-grep -E "jequi_conv|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Local Memory|Executed Ipc A|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|Block Limit Reg|Stall|Shared Memory Configuration Size|Dynamic Shared" "$OUT/$tag.txt" | head -80
+grep -E "jequi_|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Local Memory|Executed Ipc A|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|Block Limit Reg|Stall|Shared Memory Configuration Size|Dynamic Shared" "$OUT/$tag.txt" | head -80
 ncu --import "$OUT/$tag.ncu-rep" --page raw > "$OUT/$tag.raw.txt" 2>&1
-grep -E "jequi_conv|smsp__average_warps_issue_stalled_.*_per_issue_active.ratio|launch__registers_per_thread|l1tex__t_bytes_pipe_lsu_mem_local|smsp__inst_executed.sum |sm__throughput.avg.pct|dram__bytes_read.sum |dram__bytes_write.sum " "$OUT/$tag.raw.txt" \
-  | awk '{ if ($0 ~ /jequi_conv/ || $NF+0 > 0.05 || $0 !~ /stalled/) print }' | head -80
+grep -E "jequi_|smsp__average_warps_issue_stalled_.*_per_issue_active.ratio|launch__registers_per_thread|l1tex__t_bytes_pipe_lsu_mem_local|smsp__inst_executed.sum |sm__throughput.avg.pct|dram__bytes_read.sum |dram__bytes_write.sum |l1tex__t_sectors_pipe_lsu_mem_global_op_st.sum |l1tex__t_requests_pipe_lsu_mem_global_op_st.sum |l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum |l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum |lts__t_sectors_op_write.sum |lts__t_sectors_op_read.sum " "$OUT/$tag.raw.txt" \
+  | awk '{ if ($0 ~ /jequi_/ || $NF+0 > 0.05 || $0 !~ /stalled/) print }' | head -80
