@@ -4,7 +4,7 @@
         [--channelwise IN1:IN2:OUT] [--no-conv] [--steps 1,2,4] [--accumulators 32,64,128]
         [--forward-warps auto,1,2,4] [--backward-warps auto,1,2,4] [--lane-sums element,tile]
         [--edge-splits auto,1,2,4,8] [--rows auto,1,8] [--backward-groups auto,0,1]
-        [--forward-accumulators auto,64,128] [--tile-io 1,0] [--no-backward] [--dbl-batch 20000]
+        [--forward-accumulators auto,64,128] [--no-backward] [--dbl-batch 20000]
 
 Knobs (module constants): EDGES_PER_STEP (edges per loop step), ACCUMULATOR_REGISTERS
 (forward output grouping), EDGE_SPLITS (programs per row's edges, auto = edge_splits' rule)
@@ -13,8 +13,7 @@ per program, auto = num_warps' rule), LANE_SUMS (gy's cross-lane sums per elemen
 tile) and ROWS_PER_PROGRAM (the batched product's rows per program) of
 pallas_kernels.tensor_product, BACKWARD_GROUPS (the batched backward's programs per x
 segment, auto = backward_groups' rule) and FORWARD_ACCUMULATORS (the batched forward's output
-elements per thread before a split over programs, auto = forward_groups' rule) and TILE_IO
-(segment blocks read and written as tiles) of the same. Prints conv fwd and fwd+bwd ms per setting
+elements per thread before a split over programs, auto = forward_groups' rule) of the same. Prints conv fwd and fwd+bwd ms per setting
 (unless --no-conv), with --tp-batch the batched product's too, and with --dbl-batch the
 batched product's double backward (gpu_benchmark.py's dbl) on that many of those rows. --channelwise adds a product of
 one's own irreps (jequi.channelwise), e.g. a model's convolution.
@@ -48,7 +47,6 @@ KNOBS = {  # option -> (module, constant, parse)
     "rows": (tensor_product, "ROWS_PER_PROGRAM", lambda v: None if v == "auto" else int(v)),
     "backward_groups": (tensor_product, "BACKWARD_GROUPS", lambda v: None if v == "auto" else v == "1"),
     "forward_accumulators": (tensor_product, "FORWARD_ACCUMULATORS", lambda v: None if v == "auto" else int(v)),
-    "tile_io": (tensor_product, "TILE_IO", lambda v: v == "1"),
 }
 
 
@@ -87,8 +85,7 @@ def main():
     ap.add_argument("--conv", action=argparse.BooleanOptionalAction, default=True, help="time the conv")
     ap.add_argument("--backward", action=argparse.BooleanOptionalAction, default=True, help="time fwd+bwd too")
     defaults = {"steps": "1", "accumulators": "64", "forward_warps": "auto", "backward_warps": "auto", "lane_sums": "tile",
-                "edge_splits": "auto", "rows": "auto", "backward_groups": "auto", "forward_accumulators": "auto",
-                "tile_io": "1"}
+                "edge_splits": "auto", "rows": "auto", "backward_groups": "auto", "forward_accumulators": "auto"}
     for name, default in defaults.items():
         ap.add_argument("--" + name.replace("_", "-"), default=default)
     a = ap.parse_args()

@@ -46,7 +46,6 @@ from .tensor_product import (
     row_refs,
     rows_loop,
     slots,
-    store_segments,
     storer,
     used_positions,
     zero_weights,
@@ -188,7 +187,7 @@ def conv_forward_sum(
 
         def node(r):
             for g, outputs in enumerate(groups):
-                out_segments = [desc.out[s] for s in outputs]
+                out_slots = slots([desc.out[s] for s in outputs])
 
                 @pl.when(group == g)
                 def _():
@@ -197,9 +196,11 @@ def conv_forward_sum(
                         rows = {**row_refs(arrays, node_refs, s_ref[k]), **row_refs(arrays, edge_refs, e)}
                         return forward_values(desc, [(rows[i], rows[j], rows[c]) for i, j, c in terms], outputs)
 
-                    init = [jnp.zeros(idx.shape, dtype) for idx in slots(out_segments)]
+                    init = [jnp.zeros(idx.shape, dtype) for idx in out_slots]
                     total = _edge_loop(*_part(off_ref, r, part, splits), edge, init, kahan)
-                    store_segments(z_ref, (part * num_nodes + r) * do, out_segments, total)
+                    store = storer(z_ref, (part * num_nodes + r) * do)
+                    for idx, value in zip(out_slots, total):
+                        store(idx, value)
 
         rows_loop(num_nodes, 1, node)
 
@@ -261,7 +262,7 @@ def conv_backward_sum(
         def node(n):
             start, end = _part(off_ref, n, part, splits)
             for gi, (segments, paths) in enumerate(groups):
-                in1_segments = [desc.in1[s] for s in segments]
+                in1_slots = slots([desc.in1[s] for s in segments])
                 gy_base = gi * num_edges * d2
 
                 @pl.when((group == gi) & (n < num_senders))
@@ -274,8 +275,8 @@ def conv_backward_sum(
                         if gi == 0:
                             zero_weights(inactive, store_gw, dtype)
                         if gy_ref is not None:
-                            gy.store(desc.in2, gy_ref, gy_base + e * d2, dtype)
-                        return gx.values(in1_segments, dtype) if gx_ref is not None else []
+                            gy.store(desc.in2, storer(gy_ref, gy_base + e * d2), dtype)
+                        return gx.values([desc.in1[s] for s in segments], dtype) if gx_ref is not None else []
 
                     if gx_ref is None:
 
@@ -285,9 +286,10 @@ def conv_backward_sum(
 
                         jax.lax.fori_loop(start, end, each, 0)
                         return
-                    init = [jnp.zeros(idx.shape, dtype) for idx in slots(in1_segments)]
-                    total = _edge_loop(start, end, edge, init, kahan)
-                    store_segments(gx_ref, (part * num_senders + n) * d1, in1_segments, total)
+                    init = [jnp.zeros(idx.shape, dtype) for idx in in1_slots]
+                    store = storer(gx_ref, (part * num_senders + n) * d1)
+                    for idx, value in zip(in1_slots, _edge_loop(start, end, edge, init, kahan)):
+                        store(idx, value)
 
                 @pl.when((group == gi) & (n == num_senders))
                 def _():  # dropped edges: zero gradients

@@ -25,16 +25,6 @@ def on_gpu() -> bool:
     return jax.default_backend() == "gpu"
 
 
-def load_masked(ref, idx, mask):
-    """``ref[idx]`` where `mask` (0 elsewhere; masked-off indices are not read)."""
-    return pl_triton.load(ref.at[idx], mask=mask, other=0)
-
-
-def store_masked(ref, idx, value, mask):
-    """``ref[idx] = value`` where `mask`."""
-    pl_triton.store(ref.at[idx], value, mask=mask)
-
-
 def pallas_call(kernel, out_shape, grid, num_warps: int = 4, name: str | None = None):
     """``pl.pallas_call`` with whole-array refs, on Triton (GPU) or the interpreter (CPU)."""
     if on_gpu():

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import pallas as pl
 
-from .lowering import load_masked, pallas_call, store_masked
+from .lowering import pallas_call
 
 SUPPORTED_MODES = ("uvu", "uuu", "uvw", "uuw")
 # Which of ``(gx, gy, gw)`` a backward kernel computes (``needs``): a backward for a
@@ -82,62 +82,6 @@ def storer(ref, base):
     return store
 
 
-# A segment's block of channels (``mul_ir``: a channel's 2l+1 components adjacent) is read and
-# written as one (channels, 2^k components) tile, split or joined on chip, instead of a vector
-# per component: one component across channels is a column at a stride of 2l+1 elements, so
-# each lane of a warp's access touches its own sector; the tile's lanes cover consecutive
-# addresses. Blocks narrower than TILE_MIN_LANES channels stay per component (joins of narrow
-# vectors crash Triton's compiler). A knob for benchmarks/tune_conv.py --tile-io.
-TILE_IO = True
-
-
-def _tile_width(block) -> int | None:
-    """The padded width (a power of two) of a (channels, components) block read and written
-    as a tile, or None for a block accessed per component."""
-    lanes, d = block.shape
-    adjacent = np.array_equal(block, block[:, :1] + np.arange(d))
-    if not TILE_IO or d == 1 or lanes < TILE_MIN_LANES or not adjacent:
-        return None
-    return 1 << (d - 1).bit_length()
-
-
-def _tile_index(block, width: int):
-    """``(index, mask)`` of a block's tile: the block's rows extended to `width` components,
-    masked to the real ones."""
-    index = block[:, :1] + np.arange(width)
-    return _iota(index), jnp.broadcast_to(jnp.arange(width)[None, :] < block.shape[1], index.shape)
-
-
-def _columns_tile(vectors: list) -> jax.Array:
-    """``jnp.stack(vectors, axis=1)`` (a power-of-two count of equal vectors) by pairwise
-    ``stack`` (Triton's ``join``, the one stacking its lowering has); each join adds an
-    innermost axis, so the flat order is bit-reversed and the input is fed in that order."""
-    n = len(vectors)
-    level = [vectors[k] for k in _bit_reversed(n)]
-    while len(level) > 1:
-        level = [jnp.stack([a, b], axis=-1) for a, b in zip(level[::2], level[1::2])]
-    return level[0].reshape(vectors[0].shape[0], n)
-
-
-def store_segments(ref, base, segments, values):
-    """Store a row's `values` (one per slot of :func:`slots` ``(segments)``, in that order)
-    after `base` in `ref`, a segment block's components as one tile (:data:`TILE_IO`)."""
-    values = iter(values)
-    for seg in segments:
-        index = seg.index()
-        for c0, cs in chunks(seg.mul):
-            block = index[c0 : c0 + cs]
-            columns = [next(values) for _ in range(seg.ir_dim)]
-            width = _tile_width(block)
-            if width is None:
-                for k, column in enumerate(columns):
-                    ref[base + _iota(block[:, k])] = column
-                continue
-            idx, mask = _tile_index(block, width)
-            padded = columns + [jnp.zeros_like(columns[0])] * (width - len(columns))
-            store_masked(ref, base + idx, _columns_tile(padded), mask)
-
-
 class Row:
     """Cached loads from one row of a flat ref (``base`` = row offset, or 0 for shared refs)."""
 
@@ -149,19 +93,6 @@ class Row:
         if _key(idx) not in self.cache:
             self.cache[_key(idx)] = self.ref[self.base + _iota(idx)]
         return self.cache[_key(idx)]
-
-    def column(self, block, i: int):
-        """``load(block[:, i])`` for a segment's (channels, components) block; a tile block
-        (:data:`TILE_IO`) is loaded whole, once."""
-        block = np.asarray(block)
-        width = _tile_width(block)
-        if width is None or _key(block[:, i]) in self.cache:
-            return self.load(block[:, i])
-        idx, mask = _tile_index(block, width)
-        tile = load_masked(self.ref, self.base + idx, mask)
-        for k, column in enumerate(jnp.split(tile, width, axis=1)[: block.shape[1]]):
-            self.cache[_key(block[:, k])] = column.reshape(block.shape[0])
-        return self.cache[_key(block[:, i])]
 
 
 def _add(a, b):
@@ -236,7 +167,7 @@ def _forward_path(desc, p, c0, cs, rx, ry, rw, acc):
     m2, mo = p.mul_in2, p.mul_out
     if p.mode in ("uvu", "uuu"):
         u = np.arange(c0, c0 + cs)
-        x = lambda i: rx.column(in1[c0 : c0 + cs], i)  # noqa: E731
+        x = lambda i: rx.load(in1[c0 : c0 + cs, i])  # noqa: E731
         if p.mode == "uvu":
             for v in range(m2):
                 a = _contract_x(_contract_y(terms, lambda j: ry.load(in2[v, j])), x)
@@ -244,7 +175,7 @@ def _forward_path(desc, p, c0, cs, rx, ry, rw, acc):
                 for k, val in a.items():
                     acc[k] = _add(acc[k], wv * val)
         else:
-            a = _contract_x(_contract_y(terms, lambda j: ry.column(in2[c0 : c0 + cs], j)), x)
+            a = _contract_x(_contract_y(terms, lambda j: ry.load(in2[c0 : c0 + cs, j])), x)
             wu = rw.load(p.weight_offset + u)
             for k, val in a.items():
                 acc[k] = _add(acc[k], wu * val)
@@ -252,13 +183,13 @@ def _forward_path(desc, p, c0, cs, rx, ry, rw, acc):
     w = np.arange(c0, c0 + cs)
     for u0, cu in chunks(p.mul_in1):
         u = np.arange(u0, u0 + cu)
-        x = lambda i: rx.column(in1[u0 : u0 + cu], i)  # noqa: E731
+        x = lambda i: rx.load(in1[u0 : u0 + cu, i])  # noqa: E731
         for v in range(m2 if p.mode == "uvw" else 1):
             if p.mode == "uvw":
                 t = _contract_x(_contract_y(terms, lambda j: ry.load(in2[v, j])), x)
                 widx = p.weight_offset + (u[:, None] * m2 + v) * mo + w[None, :]
             else:
-                t = _contract_x(_contract_y(terms, lambda j: ry.column(in2[u0 : u0 + cu], j)), x)
+                t = _contract_x(_contract_y(terms, lambda j: ry.load(in2[u0 : u0 + cu, j])), x)
                 widx = p.weight_offset + u[:, None] * mo + w[None, :]
             wt = rw.load(widx)
             for k, val in t.items():
@@ -285,10 +216,16 @@ def _bit_reversed(n: int) -> list[int]:
 
 
 def lane_tile_sum(vectors: list) -> jax.Array:
-    """``[sum(v) for v in vectors]`` as one vector, by a single reduction of the
-    ``(lanes, len(vectors))`` tile of :func:`_columns_tile` (``len(vectors)`` a power of
-    two, equal lane counts)."""
-    return jnp.sum(_columns_tile(vectors), axis=0)
+    """``[sum(v) for v in vectors]`` as one vector, by a single reduction of a
+    ``(lanes, len(vectors))`` tile (``len(vectors)`` a power of two, equal lane counts). The
+    tile is built by pairwise ``stack`` (Triton's ``join``, the one stacking its lowering
+    has); each join adds an innermost axis, so the flat tile order is bit-reversed and the
+    input is fed in bit-reversed order."""
+    n = len(vectors)
+    level = [vectors[k] for k in _bit_reversed(n)]
+    while len(level) > 1:
+        level = [jnp.stack([a, b], axis=-1) for a, b in zip(level[::2], level[1::2])]
+    return jnp.sum(level[0].reshape(vectors[0].shape[0], n), axis=0)
 
 
 class _Grads:
@@ -348,13 +285,10 @@ class _Grads:
                 store(np.asarray(positions), total.astype(dtype))
         return done
 
-    def store(self, segments, ref, base, dtype):
-        """Store every element of the row after `base` in `ref`."""
-        store = storer(ref, base)
+    def store(self, segments, store, dtype):
+        """Store every element of the row."""
         done = self._tile_sums(segments, store, dtype)
-        if not done:
-            store_segments(ref, base, segments, self.values(segments, dtype))
-        for idx in slots(segments) if done else ():
+        for idx in slots(segments):
             if not set(map(int, idx)) <= done:
                 store(idx, self._value(idx, dtype))
 
@@ -426,15 +360,15 @@ def _backward_path(desc, p, rg, pairs: Pairs, gx, gy, store_gw):
     if p.mode in ("uvu", "uuu"):
         for c0, cs in chunks(p.mul_in1):
             u = np.arange(c0, c0 + cs)
-            g = {k: rg.column(out[c0 : c0 + cs], k) for k in ks}
+            g = {k: rg.load(out[c0 : c0 + cs, k]) for k in ks}
             # Q is independent of v: shared by the y channels
-            q = {rx: _contract_xg(terms, lambda i, rx=rx: rx.column(in1[c0 : c0 + cs], i), g) for rx in x_rows}
+            q = {rx: _contract_xg(terms, lambda i, rx=rx: rx.load(in1[c0 : c0 + cs, i]), g) for rx in x_rows}
             for v in range(m2 if p.mode == "uvu" else 1):
                 if p.mode == "uvu":
                     y_at = lambda ry, j: ry.load(in2[v, j])  # noqa: E731
                     widx = p.weight_offset + u * m2 + v
                 else:
-                    y_at = lambda ry, j: ry.column(in2[c0 : c0 + cs], j)  # noqa: E731
+                    y_at = lambda ry, j: ry.load(in2[c0 : c0 + cs, j])  # noqa: E731
                     widx = p.weight_offset + u
                 if pairs.gw:
                     zeros = lambda: jnp.zeros((cs,), rg.ref.dtype)  # noqa: E731
@@ -459,16 +393,16 @@ def _backward_path(desc, p, rg, pairs: Pairs, gx, gy, store_gw):
     w_rows = _unique([rw for _, rw in pairs.gx + pairs.gy])
     for c0, cs in chunks(mo):
         w = np.arange(c0, c0 + cs)
-        g = {k: rg.column(out[c0 : c0 + cs], k) for k in ks}
+        g = {k: rg.load(out[c0 : c0 + cs, k]) for k in ks}
         for u0, cu in chunks(p.mul_in1):
             u = np.arange(u0, u0 + cu)
-            x_at = lambda rx, i: rx.column(in1[u0 : u0 + cu], i)  # noqa: E731
+            x_at = lambda rx, i: rx.load(in1[u0 : u0 + cu, i])  # noqa: E731
             for v in range(m2 if p.mode == "uvw" else 1):
                 if p.mode == "uvw":
                     y_at = lambda ry, j: ry.load(in2[v, j])  # noqa: E731
                     widx = p.weight_offset + (u[:, None] * m2 + v) * mo + w[None, :]
                 else:
-                    y_at = lambda ry, j: ry.column(in2[u0 : u0 + cu], j)  # noqa: E731
+                    y_at = lambda ry, j: ry.load(in2[u0 : u0 + cu, j])  # noqa: E731
                     widx = p.weight_offset + u[:, None] * mo + w[None, :]
                 t = {
                     ry: _contract_y(terms, lambda j, ry=ry: y_at(ry, j))
@@ -628,9 +562,11 @@ def forward_groups(desc, dtype) -> list[list[int]]:
 
     Measured (H200, 50,000 rows, ms, one program -> per segment; tune_conv.py, one process
     per dtype, about 8 % run-to-run spread): float64 MACE-large 2.82 -> 2.63, MACE-medium 0.95
-    -> 0.60, NequIP-LiPS 0.61 -> 0.57, NequIP-OAM 1.20 -> 1.23, DiffDock-L1 1.04 -> 0.96,
-    NequIP-benzene (312 outputs per thread) 41 -> ...; float32 NequIP-benzene 2.95 -> 2.25,
-    MACE-large (71 per thread) 0.90 -> 0.84, NequIP-LiPS 0.31 -> 0.36, NequIP-OAM 0.57 -> 0.72.
+    -> 0.60, NequIP-LiPS 0.61 -> 0.57, NequIP-OAM 1.20 -> 1.23, DiffDock-L1 1.04 -> 0.96, the
+    double backward (its dgz) unchanged (MACE-medium 0.84 -> 0.83 at 20,000 rows); float32
+    MACE-large (71 outputs per thread) 0.90 -> 0.84, NequIP-LiPS 0.31 -> 0.36, NequIP-OAM 0.57
+    -> 0.72. NequIP-benzene (312 per thread): float32 2.98 (groups of 64 per thread) -> 2.25,
+    float64 41.2 (one program, an earlier process) / 6.13 (groups of 64) -> 4.32 (side by side).
     Groups under a budget (32-128 per thread) were no better than one of the two."""
     warps = num_warps(desc)
     if FORWARD_ACCUMULATORS is not None:
@@ -663,7 +599,9 @@ def forward_sum(desc, terms, *arrays):
                 def _():  # loads cached inside the branch: a group loads only its paths' inputs
                     r = row_refs(arrays, dict(zip(used, in_refs)), b)
                     values = forward_values(desc, [(r[i], r[j], r[k]) for i, j, k in terms], outputs)
-                    store_segments(z_ref, b * do, [desc.out[s] for s in outputs], values)
+                    store = storer(z_ref, b * do)
+                    for idx, value in zip(slots([desc.out[s] for s in outputs]), values):
+                        store(idx, value)
 
         rows_loop(n, rpp, row, axis=1)
 
@@ -753,9 +691,9 @@ def backward_sum(desc, terms, shared_weights: bool, g, *arrays):
                     if gi == 0 and gw_ref is not None:
                         zero_weights(inactive_paths(desc), store_gw, dtype)
                     if gx_ref is not None:
-                        gx.store([desc.in1[s] for s in segments], gx_ref, b * d1, dtype)
+                        gx.store([desc.in1[s] for s in segments], storer(gx_ref, b * d1), dtype)
                     if gy_ref is not None:
-                        gy.store(desc.in2, gy_ref, (gi * n + b) * d2, dtype)
+                        gy.store(desc.in2, storer(gy_ref, (gi * n + b) * d2), dtype)
 
         rows_loop(n, rpp, row)
 

@@ -316,35 +316,6 @@ def test_lane_sums_as_tile(name, min_lanes, fresh_kernels, monkeypatch):
     assert_close(jax.grad(loss("pallas"))(y), jax.grad(loss("xla"))(y), 1e-11, "conv d/dy")
 
 
-TILED = {  # 32-channel blocks of 1o/2e/3o components (read and written as tiles), 33 = 32 + 1
-    "uvu": lambda: jequi.channelwise("32x0e+32x1o+33x2e", "0e+1o+2e", "32x0e+32x1o+33x2e+32x3o"),
-    "uvw": lambda: jequi.fully_connected("32x1o+2x0e", "0e+1o", "32x1o+32x1e"),
-    "uuu": lambda: jequi.TensorProduct("32x1o", "32x2e", "32x1o+32x3o", [(0, 0, 0, "uuu", True), (0, 0, 1, "uuu", True)]),
-}
-
-
-@pytest.mark.parametrize("tile_io", [True, False])
-@pytest.mark.parametrize("name", list(TILED))
-def test_tile_io(name, tile_io, fresh_kernels, monkeypatch):
-    """Segment blocks read and written as (channels, components) tiles, or per component:
-    forward, backward and the conv's (gathered x, summed gx) as the reference."""
-    monkeypatch.setattr(pallas_kernels.tensor_product, "TILE_IO", tile_io)
-    tp = TILED[name]()
-    block = next(seg for seg in tp.descriptor.trilinear.in1 if seg.ir_dim > 1).index()[:32]
-    assert (pallas_kernels.tensor_product._tile_width(block) is not None) == tile_io
-    x, y, w = random_inputs(tp, BATCH)
-    g = np.random.default_rng(3).normal(size=(BATCH, tp.irreps_out.dim))
-    grads = lambda f: jax.grad(lambda *a: jnp.vdot(f(*a), g), argnums=(0, 1, 2))(x, y, w)  # noqa: E731
-    assert_close(tp(x, y, w, backend="pallas"), xla.forward(tp.descriptor, x, y, w), 1e-11, "forward")
-    for a, b, what in zip(grads(functools.partial(tp, backend="pallas")), grads(functools.partial(xla.forward, tp.descriptor)), "xyw"):
-        assert_close(a, b, 1e-11, f"d/d{what}")
-    s, r = np.arange(BATCH) % 2, np.arange(BATCH) % 3
-    conv = lambda b: lambda x, y, w: jnp.sum(tp.conv(x, y, w, s, r, 3, backend=b) ** 2)  # noqa: E731
-    got, ref = (jax.grad(conv(b), argnums=(0, 1, 2))(x[:2], y, w) for b in ("pallas", "xla"))
-    for a, b, what in zip(got, ref, "xyw"):
-        assert_close(a, b, 1e-11, f"conv d/d{what}")
-
-
 def test_backward_warps():
     """One warp per backward program for channelwise products (gy's lane sums in shuffles);
     products with uvw tiles keep the forward's warps."""
