@@ -2,9 +2,10 @@
 # Nsight Compute profile of the Pallas kernels (device tool, Firecracker machines; ncu is
 # told to leave the clocks alone). From the repo root, .peers carried:
 #   bash benchmarks/profile_conv.sh TAG [tune_conv.py args, e.g. --lane-sums tile]
-# profiles the first two launches of kernels matching KERNEL (a regex, default jequi_conv: the
-# conv's forward and backward; jequi_tp_fwd with --no-conv --tp-batch N: the batched forward)
-# in tune_conv.py's first setting and writes $OUT/TAG.ncu-rep and $OUT/TAG.txt (the details
+# profiles the first two launches of kernels matching KERNEL (a regex, default jequi_conv,
+# which tune_conv.py's order makes the conv forward's first two launches: KERNEL=jequi_conv_bwd
+# for the backward, jequi_tp_fwd with --no-conv --tp-batch N for the batched forward) in
+# tune_conv.py's first setting and writes $OUT/TAG.ncu-rep and $OUT/TAG.txt (the details
 # page), then prints the headline metrics.
 set -uo pipefail
 tag=$1; shift

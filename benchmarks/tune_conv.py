@@ -6,16 +6,17 @@
         [--edge-splits auto,1,2,4,8] [--rows auto,1,8] [--backward-groups auto,0,1]
         [--forward-accumulators auto,64,128] [--no-backward] [--dbl-batch 20000]
 
-Knobs (module constants): EDGES_PER_STEP (edges per loop step), ACCUMULATOR_REGISTERS
-(forward output grouping), EDGE_SPLITS (programs per row's edges, auto = edge_splits' rule)
-of pallas_kernels.conv; FORWARD_WARPS and BACKWARD_WARPS (warps
-per program, auto = num_warps' rule), LANE_SUMS (gy's cross-lane sums per element or as one
-tile) and ROWS_PER_PROGRAM (the batched product's rows per program) of
-pallas_kernels.tensor_product, BACKWARD_GROUPS (the batched backward's programs per x
-segment, auto = backward_groups' rule) and FORWARD_ACCUMULATORS (the batched forward's output
-elements per thread before a split over programs, auto = forward_groups' rule) of the same. Prints conv fwd and fwd+bwd ms per setting
-(unless --no-conv), with --tp-batch the batched product's too, and with --dbl-batch the
-batched product's double backward (gpu_benchmark.py's dbl) on that many of those rows. --channelwise adds a product of
+Knobs (module constants): EDGES_PER_STEP (edges per loop step), ACCUMULATOR_REGISTERS (the
+conv forward's output grouping, 32-bit registers per thread), EDGE_SPLITS (programs per row's
+edges, auto = edge_splits' rule) of pallas_kernels.conv; FORWARD_WARPS and BACKWARD_WARPS
+(warps per program, auto = num_warps' rule), LANE_SUMS (gy's cross-lane sums per element or as
+one tile), ROWS_PER_PROGRAM (the batched product's rows per program), BACKWARD_GROUPS (the
+batched backward's programs per x segment, auto = backward_groups' rule) and
+FORWARD_ACCUMULATORS (the batched forward's output elements per thread, any dtype, before a
+split over programs; 0 = a program per segment, auto = forward_groups' rule) of
+pallas_kernels.tensor_product. Prints conv fwd and fwd+bwd ms per setting (unless --no-conv),
+with --tp-batch the batched product's too, and with --dbl-batch the batched product's double
+backward (gpu_benchmark.py's dbl) on that many of those rows. --channelwise adds a product of
 one's own irreps (jequi.channelwise), e.g. a model's convolution.
 """
 

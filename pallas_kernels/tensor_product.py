@@ -550,12 +550,13 @@ def row_refs(arrays, refs: dict, b) -> dict:
 # elements per thread (0: a program per segment; tune_conv.py --forward-accumulators).
 FORWARD_ACCUMULATORS: int | None = None
 # float32 rows with more output elements per thread than this get a program per segment.
-FORWARD_REGISTERS = 128
+FORWARD_OUTPUTS_PER_THREAD = 128
 
 
 def forward_groups(desc, dtype) -> list[list[int]]:
     """The batched forward's program groups of output segments: a program per segment in
-    float64, and in float32 where a row's outputs exceed :data:`FORWARD_REGISTERS` per thread
+    float64 (measured faster, whatever the width), and in float32 where a row's outputs exceed
+    :data:`FORWARD_OUTPUTS_PER_THREAD` per thread
     (a row's outputs stay in registers until its stores: storing each segment early was
     slower, the loads after a store no longer overlap, results/2026-11-21-h200-ab.md); else
     one. A program reads only its paths' inputs.
@@ -571,8 +572,8 @@ def forward_groups(desc, dtype) -> list[list[int]]:
     warps = num_warps(desc)
     if FORWARD_ACCUMULATORS is not None:
         return output_groups(desc, FORWARD_ACCUMULATORS * 32 * warps)
-    if jnp.dtype(dtype) == jnp.float64 or desc.dims[2] > FORWARD_REGISTERS * 32 * warps:
-        return [[s] for s in range(len(desc.out))]
+    if jnp.dtype(dtype) == jnp.float64 or desc.dims[2] > FORWARD_OUTPUTS_PER_THREAD * 32 * warps:
+        return output_groups(desc, 0)
     return [list(range(len(desc.out)))]
 
 
@@ -605,8 +606,8 @@ def forward_sum(desc, terms, *arrays):
 
         rows_loop(n, rpp, row, axis=1)
 
-    # groups first: the programs of one block of rows run side by side and share its x
-    # (and y) reads in L2
+    # groups first, so the programs of one block of rows are launched side by side and can
+    # share its x and y reads in L2 (the other order was not measured)
     grid = (len(groups), pl.cdiv(n, rpp))
     z = pallas_call(kernel, jax.ShapeDtypeStruct((n * do,), dtype), grid, num_warps(desc), name="jequi_tp_fwd")(
         *(arrays[a].reshape(-1) for a in used)

@@ -238,33 +238,40 @@ def test_backward_groups(name, shared, fresh_kernels, monkeypatch):
             assert_close(a, b, 1e-12)
 
 
-@pytest.mark.parametrize("name, shared", [("uvu", False), ("uvw", True)])
-def test_forward_groups(name, shared, fresh_kernels, monkeypatch):
-    """The batched forward split over programs by output segment (forced, one each): the
-    forward and the fused second order's ``dgz`` (three triples) as the reference."""
+@pytest.mark.parametrize(
+    "name, shared, dtype, budget", [("uvu", False, np.float32, 0), ("uvw", True, np.float32, 0), ("uvu", False, np.float64, 1)]
+)
+def test_forward_groups(name, shared, dtype, budget, fresh_kernels, monkeypatch):
+    """The batched forward split over programs by output segments (forced: a program per
+    segment in float32, groups of several in float64): the forward and the fused second
+    order's ``dgz`` (two triples) as the reference."""
     tp = PROBLEMS[name]()
     desc = tp.descriptor.trilinear
     rng = np.random.default_rng(10)
-    x, y, gz, ggx, ggy = (rng.normal(size=(BATCH, d)) for d in desc.dims[:2] + desc.dims[2:] + desc.dims[:2])
-    w, ggw = rng.normal(size=(2, desc.weight_numel) if shared else (2, BATCH, desc.weight_numel))
+    x, y, gz, ggx, ggy = (rng.normal(size=(BATCH, d)).astype(dtype) for d in desc.dims[:2] + desc.dims[2:] + desc.dims[:2])
+    w, ggw = rng.normal(size=(2, desc.weight_numel) if shared else (2, BATCH, desc.weight_numel)).astype(dtype)
     arrays = (x, y, w, gz, ggx, ggy, ggw)
-    monkeypatch.setattr(pallas_kernels.tensor_product, "FORWARD_ACCUMULATORS", 0)
-    assert len(pallas_kernels.tensor_product.forward_groups(desc, x.dtype)) == len(desc.out)
-    assert_close(pallas_kernels.forward(desc, x, y, w), xla.forward(desc, x, y, w), 1e-12)
+    monkeypatch.setattr(pallas_kernels.tensor_product, "FORWARD_ACCUMULATORS", budget)
+    groups = pallas_kernels.tensor_product.forward_groups(desc, dtype)
+    assert 1 < len(groups) and (budget > 0) == (len(groups) < len(desc.out))
+    assert_close(pallas_kernels.forward(desc, x, y, w), xla.forward(desc, x, y, w), TOL[dtype])
     spec = SPECS["dgz-only"]
     dgz = pallas.second(desc, spec, arrays)[3]
-    assert_close(dgz, _second_order_reference(functools.partial(xla.forward, desc), spec, arrays)[3], 1e-11)
+    assert_close(dgz, _second_order_reference(functools.partial(xla.forward, desc), spec, arrays)[3], TOL[dtype])
 
 
 def test_forward_groups_rule():
-    """A float64 output element takes two registers: MACE-large's forward (71 outputs per
-    thread) is one program per row block in float32 and split in float64; NequIP-benzene's
-    (312) is split in both."""
+    """Every float64 forward runs a program per output segment; a float32 one only where a row
+    has more than 128 outputs per thread (NequIP-benzene's 312, not MACE-large's 71). The conv
+    forward's budget counts registers: a float64 sum takes two."""
     groups = pallas_kernels.tensor_product.forward_groups
     large, benzene = (jequi.problems.get(n).descriptor.trilinear for n in ("mace-large", "nequip-benzene"))
-    assert len(groups(large, np.float32)) == 1
-    assert len(groups(large, np.float64)) > 1
-    assert len(groups(benzene, np.float32)) > 1
+    assert groups(large, np.float32) == [list(range(len(large.out)))]
+    assert groups(large, np.float64) == [[s] for s in range(len(large.out))]
+    assert groups(benzene, np.float32) == [[s] for s in range(len(benzene.out))]
+    conv_groups = [pallas_kernels.conv.conv_output_groups(large, t) for t in (np.float32, np.float64)]
+    assert [sum(conv_groups[0], []), sum(conv_groups[1], [])] == [list(range(len(large.out)))] * 2
+    assert len(conv_groups[1]) > len(conv_groups[0]) > 1
 
 
 WIDE = {  # warp-wide channels (gy's lane sums as tiles); 33 = 32 + 1: both widths on one position
