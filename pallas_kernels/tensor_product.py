@@ -577,8 +577,8 @@ def forward_groups(desc, dtype) -> list[list[int]]:
     return [list(range(len(desc.out)))]
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1))
-def forward_sum(desc, terms, *arrays):
+@functools.partial(jax.jit, static_argnames=("desc", "terms"))
+def forward_sum(desc, arrays, *, terms=FORWARD_TERMS):
     """``z (N, out.dim) = sum of f(arrays[a], arrays[b], arrays[c]) over (a, b, c) in terms``:
     ``x``-like arrays ``(N, in1.dim)``, ``y``-like ``(N, in2.dim)``, ``w``-like ``(N, nw)`` or
     shared ``(nw,)`` (None where no term reads it)."""
@@ -617,7 +617,7 @@ def forward_sum(desc, terms, *arrays):
 
 def forward(desc, x, y, w):
     """``z (N, out.dim)`` from ``x (N, in1.dim)``, ``y (N, in2.dim)``, ``w (N, nw)`` or ``(nw,)``."""
-    return forward_sum(desc, FORWARD_TERMS, x, y, w)
+    return forward_sum(desc, (x, y, w))
 
 
 def needed_outputs(needs, shapes) -> tuple[list, callable]:
@@ -659,8 +659,8 @@ def backward_groups(desc, dtype) -> list[tuple[list[int], list]]:
     return input_groups(desc) if grouped else [(list(range(len(desc.in1))), desc.active_paths)]
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2))
-def backward_sum(desc, terms, shared_weights: bool, g, *arrays):
+@functools.partial(jax.jit, static_argnames=("desc", "terms", "shared_weights"))
+def backward_sum(desc, g, arrays, *, terms, shared_weights: bool):
     """``(gx, gy, gw)``: each the sum of the backward over its pairs in ``terms = (gx pairs,
     gy pairs, gw pairs)`` (pairs of positions in `arrays`, which :func:`pairs_of` turns into
     the rows of a :class:`Pairs`) against the output cotangent ``g (N, out.dim)``; None for a
@@ -720,4 +720,4 @@ def backward_sum(desc, terms, shared_weights: bool, g, *arrays):
 def backward(desc, x, y, w, gz, needs=ALL):
     """``(gx, gy, gw)``, None for those not flagged in `needs`; shared weights get ``gw``
     summed over rows."""
-    return backward_sum(desc, backward_terms(needs), w.ndim == 1, gz, x, y, w)
+    return backward_sum(desc, gz, (x, y, w), terms=backward_terms(needs), shared_weights=w.ndim == 1)

@@ -45,8 +45,8 @@ def second(desc, spec, arrays):
     1.066; tune_conv.py, benchmarks/results/2026-11-21-h200-ab.md)."""
     return _second_of(
         spec,
-        lambda triples: pallas_kernels.forward_sum(desc, triples, *arrays),
-        lambda pairs: pallas_kernels.backward_sum(desc, pairs, arrays[W].ndim == 1, arrays[GZ], *arrays),
+        lambda triples: pallas_kernels.forward_sum(desc, arrays, terms=triples),
+        lambda pairs: pallas_kernels.backward_sum(desc, arrays[GZ], arrays, terms=pairs, shared_weights=arrays[W].ndim == 1),
     )
 
 
