@@ -149,8 +149,7 @@ def conv_output_groups(desc, dtype) -> list[list[int]]:
     """The forward's programs per receiver, as groups of output segments: the sums live in
     registers for a whole edge loop, and a wide output would spill
     (:data:`ACCUMULATOR_REGISTERS`)."""
-    per_thread = ACCUMULATOR_REGISTERS * 4 // jnp.dtype(dtype).itemsize
-    return output_groups(desc, per_thread * 32 * num_warps(desc))
+    return output_groups(desc, ACCUMULATOR_REGISTERS * 4 // jnp.dtype(dtype).itemsize)
 
 
 def _split_refs(used, refs, node_positions):

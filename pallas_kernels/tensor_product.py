@@ -445,10 +445,11 @@ def input_groups(desc) -> list[tuple[list[int], list]]:
     return used
 
 
-def output_groups(desc, budget: int) -> list[list[int]]:
-    """Output segments in consecutive groups of at most `budget` elements, each a program of
-    its own (whose outputs stay in registers until its stores); a segment larger than the
-    budget is a group alone."""
+def output_groups(desc, per_thread: int) -> list[list[int]]:
+    """Output segments in consecutive groups of at most `per_thread` elements per thread of a
+    forward program (:func:`num_warps`), each a program of its own (whose outputs stay in
+    registers until its stores); a segment larger than the budget is a group alone."""
+    budget = per_thread * 32 * num_warps(desc)
     groups, size = [[]], 0
     for s, seg in enumerate(desc.out):
         if groups[-1] and size + seg.size > budget:
@@ -569,10 +570,9 @@ def forward_groups(desc, dtype) -> list[list[int]]:
     -> 0.72. NequIP-benzene (312 per thread): float32 2.98 (groups of 64 per thread) -> 2.25,
     float64 41.2 (one program, an earlier process) / 6.13 (groups of 64) -> 4.32 (side by side).
     Groups under a budget (32-128 per thread) were no better than one of the two."""
-    warps = num_warps(desc)
     if FORWARD_ACCUMULATORS is not None:
-        return output_groups(desc, FORWARD_ACCUMULATORS * 32 * warps)
-    if jnp.dtype(dtype) == jnp.float64 or desc.dims[2] > FORWARD_OUTPUTS_PER_THREAD * 32 * warps:
+        return output_groups(desc, FORWARD_ACCUMULATORS)
+    if jnp.dtype(dtype) == jnp.float64 or desc.dims[2] > FORWARD_OUTPUTS_PER_THREAD * 32 * num_warps(desc):
         return output_groups(desc, 0)
     return [list(range(len(desc.out)))]
 
