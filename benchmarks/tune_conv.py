@@ -4,11 +4,13 @@
         [--channelwise IN1:IN2:OUT] [--no-conv] [--steps 1,2,4] [--accumulators 32,64,128]
         [--forward-warps auto,1,2,4] [--backward-warps auto,1,2,4] [--lane-sums element,tile]
         [--edge-splits auto,1,2,4,8] [--rows auto,1,8] [--backward-groups auto,0,1]
-        [--forward-accumulators auto,64,128] [--no-backward] [--dbl-batch 20000]
+        [--forward-accumulators auto,64,128] [--cotangent-layout ir_mul,mul_ir] [--no-backward]
+        [--dbl-batch 20000]
 
 Knobs (module constants): EDGES_PER_STEP (edges per loop step), ACCUMULATOR_REGISTERS (the
 conv forward's output grouping, 32-bit registers per thread), EDGE_SPLITS (programs per row's
-edges, auto = edge_splits' rule) of pallas_kernels.conv; FORWARD_WARPS and BACKWARD_WARPS
+edges, auto = edge_splits' rule), COTANGENT_LAYOUT (the layout the conv backward reads the
+output cotangent in) of pallas_kernels.conv; FORWARD_WARPS and BACKWARD_WARPS
 (warps per program, auto = num_warps' rule), LANE_SUMS (gy's cross-lane sums per element or as
 one tile), ROWS_PER_PROGRAM (the batched product's rows per program), BACKWARD_GROUPS (the
 batched backward's programs per x segment, auto = backward_groups' rule) and
@@ -48,6 +50,7 @@ KNOBS = {  # option -> (module, constant, parse)
     "rows": (tensor_product, "ROWS_PER_PROGRAM", lambda v: None if v == "auto" else int(v)),
     "backward_groups": (tensor_product, "BACKWARD_GROUPS", lambda v: None if v == "auto" else v == "1"),
     "forward_accumulators": (tensor_product, "FORWARD_ACCUMULATORS", lambda v: None if v == "auto" else int(v)),
+    "cotangent_layout": (conv, "COTANGENT_LAYOUT", str),
 }
 
 
@@ -86,7 +89,8 @@ def main():
     ap.add_argument("--conv", action=argparse.BooleanOptionalAction, default=True, help="time the conv")
     ap.add_argument("--backward", action=argparse.BooleanOptionalAction, default=True, help="time fwd+bwd too")
     defaults = {"steps": "1", "accumulators": "64", "forward_warps": "auto", "backward_warps": "auto", "lane_sums": "tile",
-                "edge_splits": "auto", "rows": "auto", "backward_groups": "auto", "forward_accumulators": "auto"}
+                "edge_splits": "auto", "rows": "auto", "backward_groups": "auto", "forward_accumulators": "auto",
+                "cotangent_layout": conv.COTANGENT_LAYOUT}
     for name, default in defaults.items():
         ap.add_argument("--" + name.replace("_", "-"), default=default)
     a = ap.parse_args()

@@ -79,6 +79,15 @@ def segments_of(irreps: Irreps, layout: str) -> tuple[Segment, ...]:
     return tuple(out)
 
 
+def layout_positions(segments: Sequence[Segment], layout: str) -> np.ndarray:
+    """``positions[q]``: where the element at flat position ``q`` of `segments` sits when the
+    same irreps are stored in `layout` (``a_in_layout[..., positions] = a``)."""
+    positions = np.zeros(sum(s.size for s in segments), dtype=np.int64)
+    for s in segments:
+        positions[s.index()] = dataclasses.replace(s, layout=layout).index()
+    return positions
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Path:
     """One validated instruction.

@@ -83,15 +83,18 @@ def storer(ref, base):
 
 
 class Row:
-    """Cached loads from one row of a flat ref (``base`` = row offset, or 0 for shared refs)."""
+    """Cached loads from one row of a flat ref (``base`` = row offset, or 0 for shared refs).
+    Loads name elements by their positions in the descriptor's layout; a row stored in
+    another layout gives ``positions`` (:func:`jequi.descriptor.layout_positions`)."""
 
-    def __init__(self, ref, base):
-        self.ref, self.base, self.cache = ref, base, {}
+    def __init__(self, ref, base, positions: np.ndarray | None = None):
+        self.ref, self.base, self.positions, self.cache = ref, base, positions, {}
 
     def load(self, idx):
         idx = np.asarray(idx)
         if _key(idx) not in self.cache:
-            self.cache[_key(idx)] = self.ref[self.base + _iota(idx)]
+            at = idx if self.positions is None else self.positions[idx]
+            self.cache[_key(idx)] = self.ref[self.base + _iota(at)]
         return self.cache[_key(idx)]
 
 

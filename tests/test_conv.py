@@ -128,6 +128,22 @@ def test_kahan_summation_on_a_hub():
         tp.conv(*f32, s, r, 1, backend="xla", kahan=True)
 
 
+@pytest.mark.parametrize("layout", ["mul_ir", "ir_mul"])
+@pytest.mark.parametrize("cotangent_layout", ["ir_mul", "mul_ir"])
+def test_backward_reads_the_cotangent_in_either_layout(layout, cotangent_layout, monkeypatch):
+    """The Pallas backward reads the output cotangent in COTANGENT_LAYOUT whatever the
+    product's own layout; gradients match the XLA backend's."""
+    monkeypatch.setattr(pallas_kernels.conv, "COTANGENT_LAYOUT", cotangent_layout)
+    jax.clear_caches()
+    tp = jequi.channelwise("3x0e+4x1o+2x2e", "0e+1o+2e", "3x0e+4x1o+2x2e+2x3o", layout=layout)
+    rng = np.random.default_rng(3)
+    x, y, w, s, r = graph(rng, tp, 6, 25)
+    loss = lambda b: lambda x, y, w: jnp.sum(jnp.sin(tp.conv(x, y, w, s, r, 6, backend=b)))  # noqa: E731
+    for a, b in zip(jax.grad(loss("pallas"), (0, 1, 2))(x, y, w), jax.grad(loss("xla"), (0, 1, 2))(x, y, w)):
+        assert_close(a, b, 1e-12)
+    jax.clear_caches()
+
+
 @pytest.mark.parametrize("edges_per_step", [1, 2, 3])
 def test_sorted_edges_and_edge_loop_unrolling(tp, edges_per_step, monkeypatch):
     """Edges given in receiver order are read in sequence (Graph.edges_sorted); the Pallas

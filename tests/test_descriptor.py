@@ -50,3 +50,14 @@ def test_equal_arguments_give_equal_descriptors():
     assert a == b and hash(a) == hash(b)
     assert a != jequi.problems.get("mace-medium", layout="ir_mul").descriptor
 
+
+
+def test_layout_positions_map_mul_ir_to_ir_mul():
+    a = jequi.channelwise("3x0e+4x1o+2x2e", "0e+1o", "3x0e+4x1o+2x2e").descriptor
+    b = jequi.channelwise("3x0e+4x1o+2x2e", "0e+1o", "3x0e+4x1o+2x2e", layout="ir_mul").descriptor
+    positions = jequi.descriptor.layout_positions(a.in1, "ir_mul")
+    for sa, sb in zip(a.in1, b.in1):  # element (u, m) moves from sa.index() to sb.index()
+        assert np.array_equal(positions[sa.index()], sb.index())
+    assert np.array_equal(jequi.descriptor.layout_positions(b.in1, "ir_mul"), np.arange(a.dims[0]))
+    back = jequi.descriptor.layout_positions(b.in1, "mul_ir")
+    assert np.array_equal(back[positions], np.arange(a.dims[0]))
