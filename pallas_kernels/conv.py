@@ -11,8 +11,9 @@
   the graph, so results are bitwise reproducible.
 * :func:`conv_backward` walks senders through the transpose order: for each edge it writes
   ``gy[e]`` and ``gw[e]`` (per-edge, no reduction) and adds the edge's ``gx`` contribution
-  to the sender's sum, written once. One kernel (programs split by ``x`` segment, with a
-  partial ``gy`` each), deterministic, no ``|E| x in1.dim`` buffer. It reads a copy of the
+  to the sender's sum, written once. One kernel (programs split by ``x`` segment and, in
+  float64, by chunks of its paths, :func:`backward_programs`, with a partial ``gy`` each),
+  deterministic, no ``|E| x in1.dim`` buffer. It reads a copy of the
   output cotangent in the ``ir_mul`` layout (:data:`COTANGENT_LAYOUT`).
 
 Both walk sums of trilinear terms (:func:`conv_forward_sum`, :func:`conv_backward_sum`), as
@@ -167,6 +168,56 @@ def conv_output_groups(desc, dtype) -> list[list[int]]:
 COTANGENT_LAYOUT = "ir_mul"
 
 
+# Backward programs per x segment (:func:`backward_programs`): None, the rule of
+# :func:`backward_chunks`; a number forces it (tune_conv.py --backward-chunks).
+BACKWARD_CHUNKS: int | None = None
+# float64 programs load at most this many output cotangent elements per thread per edge.
+COTANGENT_PER_THREAD = 32
+
+
+def backward_chunks(desc, dtype) -> int:
+    """Programs per x segment of the backward, each for a chunk of its paths (split by output
+    segment into about equal parts): in float64 as many as the widest group's output
+    cotangent needs at :data:`COTANGENT_PER_THREAD` elements per thread; in float32 one.
+
+    Measured (H200, MACE-large on the carbon lattice, fwd+bwd ms, 1 / 2 / 4 chunks; the rule
+    gives 4 in float64): float64 13.76 / 10.88 / 10.16; float32 5.42 / 5.81 / 5.76 (3: 6.38).
+    The backward runs one warp per program at the register limit (255, 12.5 % occupancy in
+    float32): float64 gains from the smaller live set, float32 loses more to the repeated
+    per-edge work (indices, y, the gy lane sums and partials) than it gains."""
+    if BACKWARD_CHUNKS is not None:
+        return BACKWARD_CHUNKS
+    if jnp.dtype(dtype) != jnp.float64:
+        return 1
+    lanes = 32 * num_warps(desc, backward=True)
+    widest = max(sum(desc.out[s].size for s in {p.i_out for p in paths}) for _, paths in input_groups(desc))
+    return max(1, min(len(desc.out), -(-widest // (lanes * COTANGENT_PER_THREAD))))
+
+
+def _path_chunks(desc, paths, n: int) -> list[list]:
+    """`paths` in `n` lists (some maybe empty), split by output segment into runs of about
+    equal output size: a program then loads only its chunk's output cotangent."""
+    outs = sorted({p.i_out for p in paths})
+    total = sum(desc.out[s].size for s in outs)
+    chunk_of, size = {}, 0
+    for s in outs:
+        chunk_of[s] = min(n - 1, (2 * size + desc.out[s].size) * n // max(2 * total, 1))  # by its midpoint
+        size += desc.out[s].size
+    return [[p for p in paths if chunk_of[p.i_out] == c] for c in range(n)]
+
+
+def backward_programs(desc, chunks: int) -> list[tuple[list[int], list, int]]:
+    """``(in1 segments, paths, chunk)`` per backward program of a sender: each
+    :func:`input_groups` group split into `chunks` chunks of paths. Every group has a program
+    per chunk (an empty one writes zeros), so chunk ``c`` of every group together writes one
+    whole partial ``gx``."""
+    return [
+        (segments, chunk, c)
+        for segments, paths in input_groups(desc)
+        for c, chunk in enumerate(_path_chunks(desc, paths, chunks))
+    ]
+
+
 def _split_refs(used, refs, node_positions):
     """``(refs of the node-indexed arrays, refs of the edge-indexed ones)`` as position -> ref."""
     ref_of = dict(zip(used, refs))
@@ -240,9 +291,10 @@ def conv_backward_sum(
     :func:`~pallas_kernels.tensor_product.backward_sum`; ``x``-like arrays per node, the
     others per edge), None for a gradient without pairs; the index arrays as in
     :class:`jequi.Graph` (the last bucket of ``sender_offsets`` holds the dropped edges, which
-    get zero ``gy`` and ``gw``). A program owns a sender and an :func:`input_groups` group
-    (and a part of the sender's edges, :func:`edge_splits`); each group writes its own
-    partial ``gy`` and each part its own partial ``gx``, summed here. With
+    get zero ``gy`` and ``gw``). A program owns a sender and a :func:`backward_programs`
+    entry (an x segment's chunk of paths; and a part of the sender's edges,
+    :func:`edge_splits`); each program writes its own partial ``gy`` and each (chunk, part)
+    its own partial ``gx``, summed here. With
     `shared_weights`, ``gw`` is summed over edges."""
     used = used_positions(pair for pairs in terms for pair in pairs)
     node_positions = {a for a, _ in terms[1] + terms[2]}
@@ -256,14 +308,15 @@ def conv_backward_sum(
     dtype = gout.dtype
     needs = tuple(bool(pairs) for pairs in terms)
     in2_slots = slots(desc.in2)
-    groups = input_groups(desc)
+    chunks = backward_chunks(desc, dtype)
+    groups = backward_programs(desc, chunks)
     inactive = inactive_paths(desc) if needs[2] else []
     warps = num_warps(desc, backward=True)
     splits = edge_splits(num_senders, num_edges, len(groups), warps)
     shapes, unpack = needed_outputs(
         needs,
         [
-            jax.ShapeDtypeStruct((splits * num_senders * d1,), dtype),
+            jax.ShapeDtypeStruct((chunks * splits * num_senders * d1,), dtype),
             jax.ShapeDtypeStruct((len(groups) * num_edges * d2,), dtype),
             jax.ShapeDtypeStruct((num_edges * nw,), dtype),
         ],
@@ -278,7 +331,7 @@ def conv_backward_sum(
 
         def node(n):
             start, end = _part(off_ref, n, part, splits)
-            for gi, (segments, paths) in enumerate(groups):
+            for gi, (segments, paths, chunk) in enumerate(groups):
                 in1_slots = slots([desc.in1[s] for s in segments])
                 gy_base = gi * num_edges * d2
 
@@ -304,7 +357,7 @@ def conv_backward_sum(
                         jax.lax.fori_loop(start, end, each, 0)
                         return
                     init = [jnp.zeros(idx.shape, dtype) for idx in in1_slots]
-                    store = storer(gx_ref, (part * num_senders + n) * d1)
+                    store = storer(gx_ref, ((chunk * splits + part) * num_senders + n) * d1)
                     for idx, value in zip(in1_slots, _edge_loop(start, end, edge, init, kahan)):
                         store(idx, value)
 
@@ -328,7 +381,7 @@ def conv_backward_sum(
         )(gout.reshape(-1), *(arrays[a].reshape(-1) for a in used), sender_receivers, sender_order, sender_offsets)
     )
     if gx is not None:
-        gx = add_parts(gx.reshape(splits, num_senders, d1))
+        gx = add_parts(gx.reshape(chunks * splits, num_senders, d1))
     if gy is not None:
         gy = add_parts(gy.reshape(len(groups), num_edges, d2))
     if gw is not None:

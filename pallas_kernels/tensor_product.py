@@ -17,7 +17,8 @@ Each kernel computes a sum of trilinear terms (:func:`forward_sum`, :func:`backw
 the first-order ops have one term, the fused double backward of :mod:`jequi.autodiff` up to
 three per result, sharing every load of a row. The forward splits wide outputs over
 programs by output segment (:func:`forward_groups`); the backward runs a program per ``x``
-segment where that was measured to pay (:func:`backward_groups`).
+segment (:func:`backward_groups`) and per window of its channels (:func:`channel_windows`)
+where that was measured to pay.
 """
 
 from __future__ import annotations
@@ -39,11 +40,13 @@ ALL = (True, True, True)
 _MAX_CHUNK = 128
 
 
-def chunks(mul: int) -> list[tuple[int, int]]:
-    """``range(mul)`` as ``(start, size)`` pieces of power-of-two sizes (at most 128)."""
-    out, start = [], 0
-    while start < mul:
-        size = min(_MAX_CHUNK, 1 << ((mul - start).bit_length() - 1))
+def chunks(mul: int, window: tuple[int, int] | None = None) -> list[tuple[int, int]]:
+    """``range(mul)``, or its part in the channel `window` ``(start, stop)``, as ``(start,
+    size)`` pieces of power-of-two sizes (at most 128)."""
+    start, stop = (0, mul) if window is None else (min(window[0], mul), min(window[1], mul))
+    out = []
+    while start < stop:
+        size = min(_MAX_CHUNK, 1 << ((stop - start).bit_length() - 1))
         out.append((start, size))
         start += size
     return out
@@ -132,13 +135,14 @@ def _contract_x(t, x):
     return a
 
 
-def slots(segments) -> list[np.ndarray]:
-    """The vectors a row of `segments` is stored as: one static index array per (segment,
-    channel chunk, irrep component), in the order the generators return values."""
+def slots(segments, window=None) -> list[np.ndarray]:
+    """The vectors a row of `segments` (their channels in `window`, :func:`chunks`) is stored
+    as: one static index array per (segment, channel chunk, irrep component), in the order the
+    generators return values."""
     out = []
     for seg in segments:
         index = seg.index()
-        for c0, cs in chunks(seg.mul):
+        for c0, cs in chunks(seg.mul, window):
             out.extend(index[c0 : c0 + cs, k] for k in range(seg.ir_dim))
     return out
 
@@ -260,17 +264,17 @@ class _Grads:
                 value = _add(value, jnp.where(lanes == n, _sum(parts), 0).astype(dtype))
         return value if value is not None else jnp.zeros(idx.shape, dtype)
 
-    def _tile_sums(self, segments, store, dtype) -> set:
+    def _tile_sums(self, segments, store, dtype, window) -> set:
         """With ``LANE_SUMS == "tile"``: store the slots whose elements have lane sums only,
         all at least :data:`TILE_MIN_LANES` wide, in contiguous power-of-two runs of
         positions, one tile reduction per run and lane count; returns the positions stored."""
         if LANE_SUMS != "tile":
             return set()
-        vec_positions = {int(q) for idx in slots(segments) if _key(idx) in self.vec for q in idx}
+        vec_positions = {int(q) for idx in slots(segments, window) if _key(idx) in self.vec for q in idx}
         wide = {n for _, n in self.scalar if n >= TILE_MIN_LANES}
         lane_positions = {p for p, n in self.scalar if n in wide} - {p for p, n in self.scalar if n not in wide}
         lane_only = lane_positions - vec_positions
-        eligible = sorted(int(q) for idx in slots(segments) if set(map(int, idx)) <= lane_only for q in idx)
+        eligible = sorted(int(q) for idx in slots(segments, window) if set(map(int, idx)) <= lane_only for q in idx)
         runs, done = [], set(eligible)
         for q in eligible:
             if runs and q == runs[-1][0] + runs[-1][1]:
@@ -288,10 +292,10 @@ class _Grads:
                 store(np.asarray(positions), total.astype(dtype))
         return done
 
-    def store(self, segments, store, dtype):
-        """Store every element of the row."""
-        done = self._tile_sums(segments, store, dtype)
-        for idx in slots(segments):
+    def store(self, segments, store, dtype, window=None):
+        """Store every element of the row (of its channels in `window`)."""
+        done = self._tile_sums(segments, store, dtype, window)
+        for idx in slots(segments, window):
             if not set(map(int, idx)) <= done:
                 store(idx, self._value(idx, dtype))
 
@@ -323,13 +327,14 @@ def _unique(rows) -> list:
     return list(dict.fromkeys(rows))
 
 
-def backward_row(desc, rg: Row, pairs: Pairs, store_gw, paths):
-    """One row of the backward of `paths`: stores their ``gw`` and returns the ``gx`` and
-    ``gy`` accumulators (:class:`_Grads`) of `pairs` (``store_gw`` is unused without ``gw``
-    pairs)."""
+def backward_row(desc, rg: Row, pairs: Pairs, store_gw, paths, window=None):
+    """One row of the backward of `paths` (of their x channels in `window`, for products with
+    ``uv*`` paths only, :func:`channel_windows`): stores their ``gw`` and returns the ``gx``
+    and ``gy`` accumulators (:class:`_Grads`) of `pairs` (``store_gw`` is unused without
+    ``gw`` pairs)."""
     gx, gy = _Grads(), _Grads()
     for p in paths:
-        _backward_path(desc, p, rg, pairs, gx, gy, store_gw)
+        _backward_path(desc, p, rg, pairs, gx, gy, store_gw, window)
     return gx, gy
 
 
@@ -353,7 +358,7 @@ def _contract_xg(terms, x, g):
     return q
 
 
-def _backward_path(desc, p, rg, pairs: Pairs, gx, gy, store_gw):
+def _backward_path(desc, p, rg, pairs: Pairs, gx, gy, store_gw, window):
     in1, in2 = desc.in1[p.i_in1].index(), desc.in2[p.i_in2].index()
     out = desc.out[p.i_out].index()
     terms = _cg_terms(p)
@@ -361,7 +366,7 @@ def _backward_path(desc, p, rg, pairs: Pairs, gx, gy, store_gw):
     ks = sorted({k for _, _, k, _ in terms})
     x_rows = _unique([rx for rx, _ in pairs.gy + pairs.gw])
     if p.mode in ("uvu", "uuu"):
-        for c0, cs in chunks(p.mul_in1):
+        for c0, cs in chunks(p.mul_in1, window):
             u = np.arange(c0, c0 + cs)
             g = {k: rg.load(out[c0 : c0 + cs, k]) for k in ks}
             # Q is independent of v: shared by the y channels
@@ -397,7 +402,7 @@ def _backward_path(desc, p, rg, pairs: Pairs, gx, gy, store_gw):
     for c0, cs in chunks(mo):
         w = np.arange(c0, c0 + cs)
         g = {k: rg.load(out[c0 : c0 + cs, k]) for k in ks}
-        for u0, cu in chunks(p.mul_in1):
+        for u0, cu in chunks(p.mul_in1, window):
             u = np.arange(u0, u0 + cu)
             x_at = lambda rx, i: rx.load(in1[u0 : u0 + cu, i])  # noqa: E731
             for v in range(m2 if p.mode == "uvw" else 1):
@@ -446,6 +451,37 @@ def input_groups(desc) -> list[tuple[list[int], list]]:
         return [(list(range(len(desc.in1))), [])]
     used[0][0].extend(s for s, paths in groups if not paths)
     return used
+
+
+# The batched backward's programs per group, each for a window of x channels: None, the rule
+# of :func:`channel_windows`; a number forces that many (tune_conv.py --channel-windows).
+CHANNEL_WINDOWS: int | None = None
+
+
+def channel_windows(desc, dtype) -> list[tuple[int, int] | None]:
+    """The x-channel windows of the batched backward's programs: ``[None]`` (all channels in
+    one program), or equal power-of-two windows of the widest x segment, each a program of its
+    own with fewer live values (x channels are independent in ``uv*`` paths but for the ``gy``
+    sum over them, of which each program writes a partial). The rule: two windows in float64
+    where every x segment has at least 128 channels (two or more per lane of the backward's
+    one-warp programs); else one.
+
+    Measured (H200, 50,000 rows fwd+bwd / 20,000 rows dbl, ms, one -> two windows;
+    tune_conv.py): float64 MACE-large 6.91 -> 6.20 / 2.89 -> 1.97, MACE-medium 1.91 -> 1.94
+    (not timed: dbl), NequIP-OAM (mixed multiplicities) 3.47 -> 3.55 / 1.21 -> 1.32, NequIP-LiPS
+    (32 channels) 1.91 -> 2.61; float32 MACE-large 2.69 -> 2.68 / 1.06 -> 1.16, MACE-medium
+    1.03 -> 1.00 / 0.43 -> 0.41. The conv's backward splits its programs by paths instead
+    (:func:`pallas_kernels.conv.backward_chunks`): there two windows were slower than chunks."""
+    uv = all(p.mode in ("uvu", "uvw") for p in desc.active_paths)
+    n = CHANNEL_WINDOWS
+    if n is None:
+        wide = min(seg.mul for seg in desc.in1) >= 128
+        n = 2 if jnp.dtype(dtype) == jnp.float64 and wide else 1
+    if n == 1 or not uv:
+        return [None]
+    widest = max(seg.mul for seg in desc.in1)
+    width = 1 << max(0, (-(-widest // n) - 1).bit_length())
+    return [(a, a + width) for a in range(0, widest, width)]
 
 
 def output_groups(desc, per_thread: int) -> list[list[int]]:
@@ -675,7 +711,7 @@ def backward_sum(desc, g, arrays, *, terms, shared_weights: bool):
     dtype = g.dtype
     used = used_positions(pair for pairs in terms for pair in pairs)
     needs = tuple(bool(pairs) for pairs in terms)
-    groups = backward_groups(desc, dtype)
+    groups = [(*group, window) for group in backward_groups(desc, dtype) for window in channel_windows(desc, dtype)]
     sizes = (d1, len(groups) * d2, nw)
     shapes, unpack = needed_outputs(needs, [jax.ShapeDtypeStruct((n * d,), dtype) for d in sizes])
 
@@ -686,16 +722,16 @@ def backward_sum(desc, g, arrays, *, terms, shared_weights: bool):
 
         def row(b):
             store_gw = None if gw_ref is None else storer(gw_ref, b * nw)
-            for gi, (segments, paths) in enumerate(groups):
+            for gi, (segments, paths, window) in enumerate(groups):
 
                 @pl.when(group == gi)
                 def _():  # loads cached inside the branch: a group never sees another's values
                     r = row_refs(arrays, dict(zip(used, in_refs)), b)
-                    gx, gy = backward_row(desc, Row(g_ref, b * do), pairs_of(terms, r), store_gw, paths)
+                    gx, gy = backward_row(desc, Row(g_ref, b * do), pairs_of(terms, r), store_gw, paths, window)
                     if gi == 0 and gw_ref is not None:
                         zero_weights(inactive_paths(desc), store_gw, dtype)
                     if gx_ref is not None:
-                        gx.store([desc.in1[s] for s in segments], storer(gx_ref, b * d1), dtype)
+                        gx.store([desc.in1[s] for s in segments], storer(gx_ref, b * d1), dtype, window)
                     if gy_ref is not None:
                         gy.store(desc.in2, storer(gy_ref, (gi * n + b) * d2), dtype)
 

@@ -144,6 +144,50 @@ def test_backward_reads_the_cotangent_in_either_layout(layout, cotangent_layout,
     jax.clear_caches()
 
 
+@pytest.mark.parametrize("chunks", [2, 3])
+def test_backward_in_chunks_of_paths(chunks, monkeypatch):
+    """Backward programs that each take a chunk of an x segment's paths (partial gx and gy,
+    added after) give the XLA backend's first and second derivatives; dropped edges too."""
+    monkeypatch.setattr(pallas_kernels.conv, "BACKWARD_CHUNKS", chunks)
+    jax.clear_caches()
+    tp = jequi.channelwise("3x0e+4x1o+2x2e", "0e+1o+2e", "3x0e+4x1o+2x2e+2x3o")
+    rng = np.random.default_rng(4)
+    x, y, w, s, r = graph(rng, tp, 6, 25)
+    r[3] = 6  # out of range: dropped
+
+    def loss(b):
+        return lambda x, y, w: jnp.sum(jnp.sin(tp.conv(x, y, w, s, r, 6, backend=b)))
+
+    def second(b):
+        return lambda x, y, w: sum(jnp.sum(g**2) for g in jax.grad(loss(b), (0, 1, 2))(x, y, w))
+
+    for f in (loss, second):
+        for a, b in zip(jax.grad(f("pallas"), (0, 1, 2))(x, y, w), jax.grad(f("xla"), (0, 1, 2))(x, y, w)):
+            assert_close(a, b, 1e-11)
+    jax.clear_caches()
+
+
+def test_backward_chunks_rule():
+    """float64 splits wide x-segment groups so a program's cotangent fits the budget;
+    float32 and narrow products keep one program per x segment."""
+    conv = pallas_kernels.conv
+    large = jequi.problems.get("mace-large").descriptor.trilinear
+    assert conv.backward_chunks(large, jnp.float32) == 1
+    assert conv.backward_chunks(jequi.problems.get("nequip-water").descriptor.trilinear, jnp.float64) == 1
+    chunks = conv.backward_chunks(large, jnp.float64)
+    assert chunks > 1
+    programs = conv.backward_programs(large, chunks)
+    assert len(programs) == chunks * len(conv.input_groups(large))
+    assert sorted(p.index for _, paths, _ in programs for p in paths) == sorted(p.index for p in large.active_paths)
+    size = lambda paths: sum(large.out[o].size for o in {p.i_out for p in paths})  # noqa: E731
+    widest = max(size(paths) for _, paths in conv.input_groups(large))
+    assert chunks == -(-widest // (32 * conv.COTANGENT_PER_THREAD))  # one warp per backward program
+    for segments, paths in conv.input_groups(large):  # chunks of about equal cotangent size
+        parts = [chunk for s, chunk, _ in programs if s == segments]
+        largest = max(large.out[p.i_out].size for p in paths)
+        assert all(size(chunk) <= size(paths) / chunks + largest for chunk in parts)
+
+
 @pytest.mark.parametrize("edges_per_step", [1, 2, 3])
 def test_sorted_edges_and_edge_loop_unrolling(tp, edges_per_step, monkeypatch):
     """Edges given in receiver order are read in sequence (Graph.edges_sorted); the Pallas

@@ -238,6 +238,40 @@ def test_backward_groups(name, shared, fresh_kernels, monkeypatch):
             assert_close(a, b, 1e-12)
 
 
+@pytest.mark.parametrize("name, shared, windows", [("uvu", False, 2), ("uvu", True, 4), ("uvw", False, 2)])
+def test_backward_channel_windows(name, shared, windows, fresh_kernels, monkeypatch):
+    """The batched backward split over programs by windows of x channels (forced; partial gy
+    summed after): first order and the fused second order as with one program per group."""
+    tp = PROBLEMS[name]()
+    desc = tp.descriptor.trilinear
+    rng = np.random.default_rng(11)
+    x, y, gz, ggx, ggy = (rng.normal(size=(BATCH, d)) for d in desc.dims[:2] + desc.dims[2:] + desc.dims[:2])
+    w, ggw = rng.normal(size=(2, desc.weight_numel) if shared else (2, BATCH, desc.weight_numel))
+    arrays = (x, y, w, gz, ggx, ggy, ggw)
+    spec = SPECS["all"]
+    monkeypatch.setattr(pallas_kernels.tensor_product, "CHANNEL_WINDOWS", windows)
+    assert len(pallas_kernels.tensor_product.channel_windows(desc, x.dtype)) > 1
+    got = pallas_kernels.backward(desc, x, y, w, gz), pallas.second(desc, spec, arrays)
+    monkeypatch.setattr(pallas_kernels.tensor_product, "CHANNEL_WINDOWS", 1)
+    jax.clear_caches()
+    expected = pallas_kernels.backward(desc, x, y, w, gz), pallas.second(desc, spec, arrays)
+    for ours, ref in zip(got, expected):
+        for a, b in zip(ours, ref):
+            assert_close(a, b, 1e-12)
+
+
+def test_channel_windows_rule():
+    """Two windows in float64 for uv* products whose x segments all have >= 128 channels."""
+    windows = pallas_kernels.tensor_product.channel_windows
+    large = jequi.problems.get("mace-large").descriptor.trilinear
+    assert windows(large, np.float64) == [(0, 64), (64, 128)]
+    assert windows(large, np.float32) == [None]
+    assert windows(jequi.problems.get("nequip-oam-main").descriptor.trilinear, np.float64) == [None]
+    assert windows(jequi.problems.get("nequip-lips").descriptor.trilinear, np.float64) == [None]
+    uuu = jequi.TensorProduct("128x0e", "128x0e", "128x0e", [(0, 0, 0, "uuu", True)]).descriptor.trilinear
+    assert windows(uuu, np.float64) == [None]
+
+
 @pytest.mark.parametrize(
     "name, shared, dtype, budget", [("uvu", False, np.float32, 0), ("uvw", True, np.float32, 0), ("uvu", False, np.float64, 1)]
 )
