@@ -12,7 +12,7 @@ Knobs (module constants): EDGES_PER_STEP (edges per loop step), ACCUMULATOR_REGI
 conv forward's output grouping, 32-bit registers per thread), EDGE_SPLITS (programs per row's
 edges, auto = edge_splits' rule), COTANGENT_LAYOUT (the layout the conv backward reads the
 output cotangent in), BACKWARD_CHUNKS (the backward's programs per x segment, auto =
-backward_chunks' rule) of pallas_kernels.conv; FORWARD_WARPS and BACKWARD_WARPS
+backward_programs' rule) of pallas_kernels.conv; FORWARD_WARPS and BACKWARD_WARPS
 (warps per program, auto = num_warps' rule), LANE_SUMS (gy's cross-lane sums per element or as
 one tile), ROWS_PER_PROGRAM (the batched product's rows per program), BACKWARD_GROUPS (the
 batched backward's programs per x segment, auto = backward_groups' rule),

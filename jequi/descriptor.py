@@ -82,6 +82,8 @@ def segments_of(irreps: Irreps, layout: str) -> tuple[Segment, ...]:
 def layout_positions(segments: Sequence[Segment], layout: str) -> np.ndarray:
     """``positions[q]``: where the element at flat position ``q`` of `segments` sits when the
     same irreps are stored in `layout` (``a_in_layout[..., positions] = a``)."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     positions = np.zeros(sum(s.size for s in segments), dtype=np.int64)
     for s in segments:
         positions[s.index()] = dataclasses.replace(s, layout=layout).index()

@@ -12,7 +12,7 @@
 * :func:`conv_backward` walks senders through the transpose order: for each edge it writes
   ``gy[e]`` and ``gw[e]`` (per-edge, no reduction) and adds the edge's ``gx`` contribution
   to the sender's sum, written once. One kernel (programs split by ``x`` segment and, in
-  float64, by chunks of its paths, :func:`backward_programs`, with a partial ``gy`` each),
+  float64, by chunks of its paths, :func:`backward_programs`; a partial ``gy`` each),
   deterministic, no ``|E| x in1.dim`` buffer. It reads a copy of the
   output cotangent in the ``ir_mul`` layout (:data:`COTANGENT_LAYOUT`).
 
@@ -168,54 +168,52 @@ def conv_output_groups(desc, dtype) -> list[list[int]]:
 COTANGENT_LAYOUT = "ir_mul"
 
 
-# Backward programs per x segment (:func:`backward_programs`): None, the rule of
-# :func:`backward_chunks`; a number forces it (tune_conv.py --backward-chunks).
+# Backward programs per x segment (:func:`backward_programs`): None, the rule; a number forces
+# (at most) that many per segment (tune_conv.py --backward-chunks).
 BACKWARD_CHUNKS: int | None = None
-# float64 programs load at most this many output cotangent elements per thread per edge.
+# float64 programs load at most about this many output cotangent elements per lane per edge.
 COTANGENT_PER_THREAD = 32
 
 
-def backward_chunks(desc, dtype) -> int:
-    """Programs per x segment of the backward, each for a chunk of its paths (split by output
-    segment into about equal parts): in float64 as many as the widest group's output
-    cotangent needs at :data:`COTANGENT_PER_THREAD` elements per thread; in float32 one.
-
-    Measured (H200, MACE-large on the carbon lattice, fwd+bwd ms, 1 / 2 / 4 chunks; the rule
-    gives 4 in float64): float64 13.76 / 10.88 / 10.16; float32 5.42 / 5.81 / 5.76 (3: 6.38).
-    The backward runs one warp per program at the register limit (255, 12.5 % occupancy in
-    float32): float64 gains from the smaller live set, float32 loses more to the repeated
-    per-edge work (indices, y, the gy lane sums and partials) than it gains."""
-    if BACKWARD_CHUNKS is not None:
-        return BACKWARD_CHUNKS
-    if jnp.dtype(dtype) != jnp.float64:
-        return 1
-    lanes = 32 * num_warps(desc, backward=True)
-    widest = max(sum(desc.out[s].size for s in {p.i_out for p in paths}) for _, paths in input_groups(desc))
-    return max(1, min(len(desc.out), -(-widest // (lanes * COTANGENT_PER_THREAD))))
-
-
 def _path_chunks(desc, paths, n: int) -> list[list]:
-    """`paths` in `n` lists (some maybe empty), split by output segment into runs of about
-    equal output size: a program then loads only its chunk's output cotangent."""
+    """`paths` in at most `n` non-empty lists, split by output segment into runs of about
+    equal output size (a segment goes where its midpoint falls): a program then loads only
+    its chunk's output cotangent."""
     outs = sorted({p.i_out for p in paths})
     total = sum(desc.out[s].size for s in outs)
     chunk_of, size = {}, 0
     for s in outs:
-        chunk_of[s] = min(n - 1, (2 * size + desc.out[s].size) * n // max(2 * total, 1))  # by its midpoint
+        chunk_of[s] = min(n - 1, (2 * size + desc.out[s].size) * n // (2 * total))
         size += desc.out[s].size
-    return [[p for p in paths if chunk_of[p.i_out] == c] for c in range(n)]
+    return [chunk for c in range(n) if (chunk := [p for p in paths if chunk_of[p.i_out] == c])]
 
 
-def backward_programs(desc, chunks: int) -> list[tuple[list[int], list, int]]:
-    """``(in1 segments, paths, chunk)`` per backward program of a sender: each
-    :func:`input_groups` group split into `chunks` chunks of paths. Every group has a program
-    per chunk (an empty one writes zeros), so chunk ``c`` of every group together writes one
-    whole partial ``gx``."""
-    return [
-        (segments, chunk, c)
-        for segments, paths in input_groups(desc)
-        for c, chunk in enumerate(_path_chunks(desc, paths, chunks))
-    ]
+def backward_programs(desc, dtype) -> tuple[list[tuple[list[int], list, int, int]], int]:
+    """``(programs, partials)``: the backward's programs per sender as ``(in1 segments, paths,
+    chunk, chunks of the group)``, each :func:`input_groups` group split into chunks of its
+    paths by output segment, and the number of partial ``gx`` they write (chunk ``c`` writes
+    partial ``c`` of its segments; chunk 0 writes zeros into the partials its group has no
+    chunk for).
+
+    Chunks per group: in float64 as many as its output cotangent needs at
+    :data:`COTANGENT_PER_THREAD` elements per lane; in float32 one. Measured (H200, MACE-large
+    on the carbon lattice, fwd+bwd ms, 1 / 2 / 4 chunks in every group): float64 13.76 /
+    10.88 / 10.16; float32 5.42 / 5.81 / 5.76 (3: 6.38). The rule's 2, 3 and 4 chunks for
+    MACE-large's three x segments: 9.86 (4 in every group, empty ones dropped: 10.08). The backward runs one warp per
+    program at the register limit (255, 12.5 % occupancy in float32): float64 gains from
+    the smaller live set, float32 loses more to the repeated per-edge work (indices, x and
+    y, the gy lane sums and partials) than it gains."""
+    lanes = 32 * num_warps(desc, backward=True)
+    programs, partials = [], 1
+    for segments, paths in input_groups(desc):
+        size = sum(desc.out[s].size for s in {p.i_out for p in paths})
+        n = BACKWARD_CHUNKS
+        if n is None:
+            n = -(-size // (lanes * COTANGENT_PER_THREAD)) if jnp.dtype(dtype) == jnp.float64 else 1
+        chunks = _path_chunks(desc, paths, max(1, n)) if paths else [[]]
+        programs.extend((segments, chunk, c, len(chunks)) for c, chunk in enumerate(chunks))
+        partials = max(partials, len(chunks))
+    return programs, partials
 
 
 def _split_refs(used, refs, node_positions):
@@ -308,15 +306,14 @@ def conv_backward_sum(
     dtype = gout.dtype
     needs = tuple(bool(pairs) for pairs in terms)
     in2_slots = slots(desc.in2)
-    chunks = backward_chunks(desc, dtype)
-    groups = backward_programs(desc, chunks)
+    groups, partials = backward_programs(desc, dtype)
     inactive = inactive_paths(desc) if needs[2] else []
     warps = num_warps(desc, backward=True)
     splits = edge_splits(num_senders, num_edges, len(groups), warps)
     shapes, unpack = needed_outputs(
         needs,
         [
-            jax.ShapeDtypeStruct((chunks * splits * num_senders * d1,), dtype),
+            jax.ShapeDtypeStruct((partials * splits * num_senders * d1,), dtype),
             jax.ShapeDtypeStruct((len(groups) * num_edges * d2,), dtype),
             jax.ShapeDtypeStruct((num_edges * nw,), dtype),
         ],
@@ -331,7 +328,7 @@ def conv_backward_sum(
 
         def node(n):
             start, end = _part(off_ref, n, part, splits)
-            for gi, (segments, paths, chunk) in enumerate(groups):
+            for gi, (segments, paths, chunk, group_chunks) in enumerate(groups):
                 in1_slots = slots([desc.in1[s] for s in segments])
                 gy_base = gi * num_edges * d2
 
@@ -360,6 +357,10 @@ def conv_backward_sum(
                     store = storer(gx_ref, ((chunk * splits + part) * num_senders + n) * d1)
                     for idx, value in zip(in1_slots, _edge_loop(start, end, edge, init, kahan)):
                         store(idx, value)
+                    for absent in range(group_chunks, partials) if chunk == 0 else ():
+                        store = storer(gx_ref, ((absent * splits + part) * num_senders + n) * d1)
+                        for idx in in1_slots:
+                            store(idx, jnp.zeros(idx.shape, dtype))
 
                 @pl.when((group == gi) & (n == num_senders))
                 def _():  # dropped edges: zero gradients
@@ -381,7 +382,7 @@ def conv_backward_sum(
         )(gout.reshape(-1), *(arrays[a].reshape(-1) for a in used), sender_receivers, sender_order, sender_offsets)
     )
     if gx is not None:
-        gx = add_parts(gx.reshape(chunks * splits, num_senders, d1))
+        gx = add_parts(gx.reshape(partials * splits, num_senders, d1))
     if gy is not None:
         gy = add_parts(gy.reshape(len(groups), num_edges, d2))
     if gw is not None:

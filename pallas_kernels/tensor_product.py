@@ -359,6 +359,7 @@ def _contract_xg(terms, x, g):
 
 
 def _backward_path(desc, p, rg, pairs: Pairs, gx, gy, store_gw, window):
+    assert window is None or p.mode in ("uvu", "uvw"), "a uu* path's gy would split by x channel"
     in1, in2 = desc.in1[p.i_in1].index(), desc.in2[p.i_in2].index()
     out = desc.out[p.i_out].index()
     terms = _cg_terms(p)
@@ -460,24 +461,26 @@ CHANNEL_WINDOWS: int | None = None
 
 def channel_windows(desc, dtype) -> list[tuple[int, int] | None]:
     """The x-channel windows of the batched backward's programs: ``[None]`` (all channels in
-    one program), or equal power-of-two windows of the widest x segment, each a program of its
-    own with fewer live values (x channels are independent in ``uv*`` paths but for the ``gy``
-    sum over them, of which each program writes a partial). The rule: two windows in float64
-    where every x segment has at least 128 channels (two or more per lane of the backward's
-    one-warp programs); else one.
+    one program), or windows of one power-of-two width over the widest x segment (forced:
+    :data:`CHANNEL_WINDOWS` of them at most), each a program of its own with fewer live
+    values. Only for products whose paths are all ``uvu`` or ``uvw``: there ``gx`` and ``gw``
+    split by x channel and ``gy`` (one slot per y channel, summed over x channels) is a
+    partial per program; a ``uu*`` path's ``gy`` would split by channel too. The rule: two
+    windows for channelwise (``uvu``) products in float64 where every x segment has at least
+    128 channels (two or more per lane of their one-warp backward programs); else one.
 
     Measured (H200, 50,000 rows fwd+bwd / 20,000 rows dbl, ms, one -> two windows;
-    tune_conv.py): float64 MACE-large 6.91 -> 6.20 / 2.89 -> 1.97, MACE-medium 1.91 -> 1.94
-    (not timed: dbl), NequIP-OAM (mixed multiplicities) 3.47 -> 3.55 / 1.21 -> 1.32, NequIP-LiPS
-    (32 channels) 1.91 -> 2.61; float32 MACE-large 2.69 -> 2.68 / 1.06 -> 1.16, MACE-medium
-    1.03 -> 1.00 / 0.43 -> 0.41. The conv's backward splits its programs by paths instead
-    (:func:`pallas_kernels.conv.backward_chunks`): there two windows were slower than chunks."""
-    uv = all(p.mode in ("uvu", "uvw") for p in desc.active_paths)
+    tune_conv.py): float64 MACE-large 6.91 -> 6.20 / 2.89 -> 1.97, MACE-medium (which the rule
+    splits too) 1.91 -> 1.94 (within noise), NequIP-OAM (mixed multiplicities) 3.47 -> 3.55 /
+    1.21 -> 1.32, NequIP-LiPS (32 channels) 1.91 -> 2.61; float32 MACE-large 2.69 -> 2.68 /
+    1.06 -> 1.16, MACE-medium 1.03 -> 1.00 / 0.43 -> 0.41. The conv's backward splits its
+    programs by paths instead (:func:`pallas_kernels.conv.backward_programs`)."""
+    modes = {p.mode for p in desc.active_paths}
     n = CHANNEL_WINDOWS
     if n is None:
         wide = min(seg.mul for seg in desc.in1) >= 128
-        n = 2 if jnp.dtype(dtype) == jnp.float64 and wide else 1
-    if n == 1 or not uv:
+        n = 2 if jnp.dtype(dtype) == jnp.float64 and modes == {"uvu"} and wide else 1
+    if n == 1 or not modes <= {"uvu", "uvw"}:
         return [None]
     widest = max(seg.mul for seg in desc.in1)
     width = 1 << max(0, (-(-widest // n) - 1).bit_length())

@@ -56,3 +56,12 @@ def assert_close(a, b, rtol, what=""):
 @pytest.fixture
 def rng():
     return np.random.default_rng(1234)
+
+
+@pytest.fixture
+def fresh_kernels():
+    """Caches cleared on both sides: kernels traced with a test's knob settings are neither
+    reused from nor left to other tests."""
+    jax.clear_caches()
+    yield
+    jax.clear_caches()

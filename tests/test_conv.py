@@ -128,31 +128,32 @@ def test_kahan_summation_on_a_hub():
         tp.conv(*f32, s, r, 1, backend="xla", kahan=True)
 
 
-@pytest.mark.parametrize("layout", ["mul_ir", "ir_mul"])
-@pytest.mark.parametrize("cotangent_layout", ["ir_mul", "mul_ir"])
-def test_backward_reads_the_cotangent_in_either_layout(layout, cotangent_layout, monkeypatch):
-    """The Pallas backward reads the output cotangent in COTANGENT_LAYOUT whatever the
-    product's own layout; gradients match the XLA backend's."""
+@pytest.mark.parametrize("layout, cotangent_layout", [("mul_ir", "ir_mul"), ("mul_ir", "mul_ir"), ("ir_mul", "ir_mul")])
+def test_backward_reads_the_cotangent_in_either_layout(layout, cotangent_layout, fresh_kernels, monkeypatch):
+    """The Pallas backward reads the output cotangent in COTANGENT_LAYOUT (a copy, or the
+    array itself where the layouts agree) whatever the product's own layout; gradients match
+    the XLA backend's."""
     monkeypatch.setattr(pallas_kernels.conv, "COTANGENT_LAYOUT", cotangent_layout)
-    jax.clear_caches()
     tp = jequi.channelwise("3x0e+4x1o+2x2e", "0e+1o+2e", "3x0e+4x1o+2x2e+2x3o", layout=layout)
     rng = np.random.default_rng(3)
     x, y, w, s, r = graph(rng, tp, 6, 25)
     loss = lambda b: lambda x, y, w: jnp.sum(jnp.sin(tp.conv(x, y, w, s, r, 6, backend=b)))  # noqa: E731
     for a, b in zip(jax.grad(loss("pallas"), (0, 1, 2))(x, y, w), jax.grad(loss("xla"), (0, 1, 2))(x, y, w)):
         assert_close(a, b, 1e-12)
-    jax.clear_caches()
 
 
-@pytest.mark.parametrize("chunks", [2, 3])
-def test_backward_in_chunks_of_paths(chunks, monkeypatch):
-    """Backward programs that each take a chunk of an x segment's paths (partial gx and gy,
-    added after) give the XLA backend's first and second derivatives; dropped edges too."""
+@pytest.mark.parametrize("chunks, splits, shared", [(3, 1, False), (2, 2, True)])
+def test_backward_in_chunks_of_paths(chunks, splits, shared, fresh_kernels, monkeypatch):
+    """Backward programs that each take a chunk of an x segment's paths (partial gx per chunk
+    and edge part, a partial gy per program; groups with fewer chunks zero the partials they
+    lack) give the XLA backend's first and second derivatives; dropped edges too."""
     monkeypatch.setattr(pallas_kernels.conv, "BACKWARD_CHUNKS", chunks)
-    jax.clear_caches()
+    monkeypatch.setattr(pallas_kernels.conv, "EDGE_SPLITS", splits)
     tp = jequi.channelwise("3x0e+4x1o+2x2e", "0e+1o+2e", "3x0e+4x1o+2x2e+2x3o")
+    programs, partials = pallas_kernels.conv.backward_programs(tp.descriptor.trilinear, np.float64)
+    assert partials == chunks and (chunks == 2 or min(n for *_, n in programs) < partials)
     rng = np.random.default_rng(4)
-    x, y, w, s, r = graph(rng, tp, 6, 25)
+    x, y, w, s, r = graph(rng, tp, 6, 25, shared)
     r[3] = 6  # out of range: dropped
 
     def loss(b):
@@ -164,36 +165,36 @@ def test_backward_in_chunks_of_paths(chunks, monkeypatch):
     for f in (loss, second):
         for a, b in zip(jax.grad(f("pallas"), (0, 1, 2))(x, y, w), jax.grad(f("xla"), (0, 1, 2))(x, y, w)):
             assert_close(a, b, 1e-11)
-    jax.clear_caches()
 
 
-def test_backward_chunks_rule():
-    """float64 splits wide x-segment groups so a program's cotangent fits the budget;
-    float32 and narrow products keep one program per x segment."""
+def test_backward_programs_rule():
+    """float64 splits each x segment's paths into chunks by the size of their output
+    cotangent (non-empty, about equal, every path once); float32 and narrow products keep
+    one program per x segment."""
     conv = pallas_kernels.conv
     large = jequi.problems.get("mace-large").descriptor.trilinear
-    assert conv.backward_chunks(large, jnp.float32) == 1
-    assert conv.backward_chunks(jequi.problems.get("nequip-water").descriptor.trilinear, jnp.float64) == 1
-    chunks = conv.backward_chunks(large, jnp.float64)
-    assert chunks > 1
-    programs = conv.backward_programs(large, chunks)
-    assert len(programs) == chunks * len(conv.input_groups(large))
-    assert sorted(p.index for _, paths, _ in programs for p in paths) == sorted(p.index for p in large.active_paths)
+    groups = conv.input_groups(large)
+    assert conv.backward_programs(large, np.float32) == ([(s, p, 0, 1) for s, p in groups], 1)
+    water = jequi.problems.get("nequip-water").descriptor.trilinear
+    assert conv.backward_programs(water, np.float64)[1] == 1
+    programs, partials = conv.backward_programs(large, np.float64)
+    assert sorted(p.index for _, paths, *_ in programs for p in paths) == sorted(p.index for p in large.active_paths)
     size = lambda paths: sum(large.out[o].size for o in {p.i_out for p in paths})  # noqa: E731
-    widest = max(size(paths) for _, paths in conv.input_groups(large))
-    assert chunks == -(-widest // (32 * conv.COTANGENT_PER_THREAD))  # one warp per backward program
-    for segments, paths in conv.input_groups(large):  # chunks of about equal cotangent size
-        parts = [chunk for s, chunk, _ in programs if s == segments]
+    budget = 32 * conv.COTANGENT_PER_THREAD  # one warp per backward program
+    for segments, paths in groups:
+        chunks = [chunk for s, chunk, *_ in programs if s == segments]
+        assert [c for s, _, c, _ in programs if s == segments] == list(range(len(chunks)))
+        assert 1 <= len(chunks) <= -(-size(paths) // budget) and all(chunks)
         largest = max(large.out[p.i_out].size for p in paths)
-        assert all(size(chunk) <= size(paths) / chunks + largest for chunk in parts)
+        assert all(size(chunk) <= size(paths) / len(chunks) + largest for chunk in chunks)
+    assert partials == max(n for *_, n in programs) > 1
 
 
 @pytest.mark.parametrize("edges_per_step", [1, 2, 3])
-def test_sorted_edges_and_edge_loop_unrolling(tp, edges_per_step, monkeypatch):
+def test_sorted_edges_and_edge_loop_unrolling(tp, edges_per_step, fresh_kernels, monkeypatch):
     """Edges given in receiver order are read in sequence (Graph.edges_sorted); the Pallas
     edge loop gives the same sums however many edges it takes per step."""
     monkeypatch.setattr(pallas_kernels.conv, "EDGES_PER_STEP", edges_per_step)
-    jax.clear_caches()
     rng = np.random.default_rng(7)
     x, y, w, s, r = graph(rng, tp, 7, 31)
     perm = np.argsort(r, kind="stable")
@@ -205,4 +206,3 @@ def test_sorted_edges_and_edge_loop_unrolling(tp, edges_per_step, monkeypatch):
     assert_close(tp.conv(x, y, w, g, backend="pallas"), reference(tp, x, y, w, s, r, 7), 1e-12)
     for a, b in zip(jax.grad(loss("pallas"), (0, 1, 2))(x, y, w), jax.grad(loss("xla"), (0, 1, 2))(x, y, w)):
         assert_close(a, b, 1e-12)
-    jax.clear_caches()

@@ -51,7 +51,6 @@ def test_equal_arguments_give_equal_descriptors():
     assert a != jequi.problems.get("mace-medium", layout="ir_mul").descriptor
 
 
-
 def test_layout_positions_map_mul_ir_to_ir_mul():
     a = jequi.channelwise("3x0e+4x1o+2x2e", "0e+1o", "3x0e+4x1o+2x2e").descriptor
     b = jequi.channelwise("3x0e+4x1o+2x2e", "0e+1o", "3x0e+4x1o+2x2e", layout="ir_mul").descriptor
@@ -61,3 +60,5 @@ def test_layout_positions_map_mul_ir_to_ir_mul():
     assert np.array_equal(jequi.descriptor.layout_positions(b.in1, "ir_mul"), np.arange(a.dims[0]))
     back = jequi.descriptor.layout_positions(b.in1, "mul_ir")
     assert np.array_equal(back[positions], np.arange(a.dims[0]))
+    with pytest.raises(ValueError, match="layout must be one of"):
+        jequi.descriptor.layout_positions(a.in1, "ir-mul")

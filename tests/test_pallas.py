@@ -207,15 +207,6 @@ def test_conv_edge_splits_rule():
     assert splits(0, 0, 1, 1) == 1
 
 
-@pytest.fixture
-def fresh_kernels():
-    """Caches cleared on both sides: kernels traced with a test's knob settings are neither
-    reused from nor left to other tests."""
-    jax.clear_caches()
-    yield
-    jax.clear_caches()
-
-
 @pytest.mark.parametrize("name, shared", [("uvu", False), ("uvw", True)])
 def test_backward_groups(name, shared, fresh_kernels, monkeypatch):
     """The batched backward with a program per x segment (partial gy summed after): first
@@ -261,13 +252,16 @@ def test_backward_channel_windows(name, shared, windows, fresh_kernels, monkeypa
 
 
 def test_channel_windows_rule():
-    """Two windows in float64 for uv* products whose x segments all have >= 128 channels."""
+    """Two windows in float64 for channelwise products whose x segments all have >= 128
+    channels; none for products with uu* paths."""
     windows = pallas_kernels.tensor_product.channel_windows
     large = jequi.problems.get("mace-large").descriptor.trilinear
     assert windows(large, np.float64) == [(0, 64), (64, 128)]
     assert windows(large, np.float32) == [None]
     assert windows(jequi.problems.get("nequip-oam-main").descriptor.trilinear, np.float64) == [None]
     assert windows(jequi.problems.get("nequip-lips").descriptor.trilinear, np.float64) == [None]
+    uvw = jequi.fully_connected("128x0e+128x1o", "0e+1o", "16x0e+16x1o").descriptor.trilinear
+    assert windows(uvw, np.float64) == [None]  # measured for channelwise products only
     uuu = jequi.TensorProduct("128x0e", "128x0e", "128x0e", [(0, 0, 0, "uuu", True)]).descriptor.trilinear
     assert windows(uuu, np.float64) == [None]
 
