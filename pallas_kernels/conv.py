@@ -11,8 +11,8 @@
   the graph, so results are bitwise reproducible.
 * :func:`conv_backward` walks senders through the transpose order: for each edge it writes
   ``gy[e]`` and ``gw[e]`` (per-edge, no reduction) and adds the edge's ``gx`` contribution
-  to the sender's sum, written once. One kernel (programs split by ``x`` segment and, in
-  float64, by chunks of its paths, :func:`backward_programs`; a partial ``gy`` each),
+  to the sender's sum, written once. One kernel (programs split by ``x`` segment and by
+  chunks of its paths, :func:`backward_programs`; a partial ``gy`` each),
   deterministic, no ``|E| x in1.dim`` buffer. It reads a copy of the
   output cotangent in the ``ir_mul`` layout (:data:`COTANGENT_LAYOUT`).
 
@@ -171,7 +171,7 @@ COTANGENT_LAYOUT = "ir_mul"
 # Backward programs per x segment (:func:`backward_programs`): None, the rule; a number forces
 # (at most) that many per segment (tune_conv.py --backward-chunks).
 BACKWARD_CHUNKS: int | None = None
-# float64 programs load at most about this many output cotangent elements per lane per edge.
+# A program loads about this many output cotangent elements per lane per edge, at most.
 COTANGENT_PER_THREAD = 32
 
 
@@ -188,28 +188,30 @@ def _path_chunks(desc, paths, n: int) -> list[list]:
     return [chunk for c in range(n) if (chunk := [p for p in paths if chunk_of[p.i_out] == c])]
 
 
-def backward_programs(desc, dtype) -> tuple[list[tuple[list[int], list, int, int]], int]:
+def backward_programs(desc) -> tuple[list[tuple[list[int], list, int, int]], int]:
     """``(programs, partials)``: the backward's programs per sender as ``(in1 segments, paths,
     chunk, chunks of the group)``, each :func:`input_groups` group split into chunks of its
     paths by output segment, and the number of partial ``gx`` they write (chunk ``c`` writes
     partial ``c`` of its segments; chunk 0 writes zeros into the partials its group has no
     chunk for).
 
-    Chunks per group: in float64 as many as its output cotangent needs at
-    :data:`COTANGENT_PER_THREAD` elements per lane; in float32 one. Measured (H200, MACE-large
-    on the carbon lattice, fwd+bwd ms, 1 / 2 / 4 chunks in every group): float64 13.76 /
-    10.88 / 10.16; float32 5.42 / 5.81 / 5.76 (3: 6.38). The rule's 2, 3 and 4 chunks for
-    MACE-large's three x segments: 9.86 (4 in every group, empty ones dropped: 10.08). The backward runs one warp per
-    program at the register limit (255, 12.5 % occupancy in float32): float64 gains from
-    the smaller live set, float32 loses more to the repeated per-edge work (indices, x and
-    y, the gy lane sums and partials) than it gains."""
+    Chunks per group: as many as its output cotangent needs at :data:`COTANGENT_PER_THREAD`
+    elements per lane, in either dtype (2, 3 and 4 for MACE-large's three x segments).
+    Measured (H200, MACE-large on the carbon lattice, fwd+bwd ms): float64 one program per
+    segment 13.76, the rule 9.86 (the same number of chunks in every group: 2 10.88, 4
+    10.16); float32 one per segment 5.44 / 5.43, the rule 5.36 / 5.35 (two runs; 40 elements
+    per lane 5.34 / 5.35, 64: 5.53; 2, 3, 4 chunks in every group, empty ones kept: 5.81,
+    6.38, 5.76), compiling in 13 s instead of 7. The backward runs one warp per program at
+    the register limit (255 registers, 12.5 % occupancy in float32 with one program per
+    segment): a smaller live set pays where the extra programs' repeated per-edge work
+    (indices, x and y, the gy lane sums and partials) costs less than it saves."""
     lanes = 32 * num_warps(desc, backward=True)
     programs, partials = [], 1
     for segments, paths in input_groups(desc):
         size = sum(desc.out[s].size for s in {p.i_out for p in paths})
         n = BACKWARD_CHUNKS
         if n is None:
-            n = -(-size // (lanes * COTANGENT_PER_THREAD)) if jnp.dtype(dtype) == jnp.float64 else 1
+            n = -(-size // (lanes * COTANGENT_PER_THREAD))
         chunks = _path_chunks(desc, paths, max(1, n)) if paths else [[]]
         programs.extend((segments, chunk, c, len(chunks)) for c, chunk in enumerate(chunks))
         partials = max(partials, len(chunks))
@@ -306,7 +308,7 @@ def conv_backward_sum(
     dtype = gout.dtype
     needs = tuple(bool(pairs) for pairs in terms)
     in2_slots = slots(desc.in2)
-    groups, partials = backward_programs(desc, dtype)
+    groups, partials = backward_programs(desc)
     inactive = inactive_paths(desc) if needs[2] else []
     warps = num_warps(desc, backward=True)
     splits = edge_splits(num_senders, num_edges, len(groups), warps)

@@ -150,7 +150,7 @@ def test_backward_in_chunks_of_paths(chunks, splits, shared, fresh_kernels, monk
     monkeypatch.setattr(pallas_kernels.conv, "BACKWARD_CHUNKS", chunks)
     monkeypatch.setattr(pallas_kernels.conv, "EDGE_SPLITS", splits)
     tp = jequi.channelwise("3x0e+4x1o+2x2e", "0e+1o+2e", "3x0e+4x1o+2x2e+2x3o")
-    programs, partials = pallas_kernels.conv.backward_programs(tp.descriptor.trilinear, np.float64)
+    programs, partials = pallas_kernels.conv.backward_programs(tp.descriptor.trilinear)
     assert partials == chunks and (chunks == 2 or min(n for *_, n in programs) < partials)
     rng = np.random.default_rng(4)
     x, y, w, s, r = graph(rng, tp, 6, 25, shared)
@@ -168,16 +168,14 @@ def test_backward_in_chunks_of_paths(chunks, splits, shared, fresh_kernels, monk
 
 
 def test_backward_programs_rule():
-    """float64 splits each x segment's paths into chunks by the size of their output
-    cotangent (non-empty, about equal, every path once); float32 and narrow products keep
-    one program per x segment."""
+    """Each x segment's paths go to chunks by the size of their output cotangent (non-empty,
+    about equal, every path once); narrow products keep one program per x segment."""
     conv = pallas_kernels.conv
     large = jequi.problems.get("mace-large").descriptor.trilinear
     groups = conv.input_groups(large)
-    assert conv.backward_programs(large, np.float32) == ([(s, p, 0, 1) for s, p in groups], 1)
     water = jequi.problems.get("nequip-water").descriptor.trilinear
-    assert conv.backward_programs(water, np.float64)[1] == 1
-    programs, partials = conv.backward_programs(large, np.float64)
+    assert conv.backward_programs(water) == ([(s, p, 0, 1) for s, p in conv.input_groups(water)], 1)
+    programs, partials = conv.backward_programs(large)
     assert sorted(p.index for _, paths, *_ in programs for p in paths) == sorted(p.index for p in large.active_paths)
     size = lambda paths: sum(large.out[o].size for o in {p.i_out for p in paths})  # noqa: E731
     budget = 32 * conv.COTANGENT_PER_THREAD  # one warp per backward program
