@@ -356,11 +356,14 @@ def conv_backward_sum(
                         jax.lax.fori_loop(start, end, each, 0)
                         return
                     init = [jnp.zeros(idx.shape, dtype) for idx in in1_slots]
-                    store = storer(gx_ref, ((chunk * splits + part) * num_senders + n) * d1)
+                    def partial_gx(c):  # partial c's row n, of this program's edge part
+                        return storer(gx_ref, ((c * splits + part) * num_senders + n) * d1)
+
+                    store = partial_gx(chunk)
                     for idx, value in zip(in1_slots, _edge_loop(start, end, edge, init, kahan)):
                         store(idx, value)
                     for absent in range(group_chunks, partials) if chunk == 0 else ():
-                        store = storer(gx_ref, ((absent * splits + part) * num_senders + n) * d1)
+                        store = partial_gx(absent)
                         for idx in in1_slots:
                             store(idx, jnp.zeros(idx.shape, dtype))
 

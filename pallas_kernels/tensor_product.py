@@ -714,7 +714,8 @@ def backward_sum(desc, g, arrays, *, terms, shared_weights: bool):
     dtype = g.dtype
     used = used_positions(pair for pairs in terms for pair in pairs)
     needs = tuple(bool(pairs) for pairs in terms)
-    groups = [(*group, window) for group in backward_groups(desc, dtype) for window in channel_windows(desc, dtype)]
+    windows = channel_windows(desc, dtype)
+    groups = [(*group, window) for group in backward_groups(desc, dtype) for window in windows]
     sizes = (d1, len(groups) * d2, nw)
     shapes, unpack = needed_outputs(needs, [jax.ShapeDtypeStruct((n * d,), dtype) for d in sizes])
 

@@ -207,48 +207,42 @@ def test_conv_edge_splits_rule():
     assert splits(0, 0, 1, 1) == 1
 
 
-@pytest.mark.parametrize("name, shared", [("uvu", False), ("uvw", True)])
-def test_backward_groups(name, shared, fresh_kernels, monkeypatch):
-    """The batched backward with a program per x segment (partial gy summed after): first
-    order and the fused second order as with one program per row."""
+def _split_backward_matches(name, shared, seed, monkeypatch, knob, split, whole, programs):
+    """The batched backward with the knob `knob` of pallas_kernels.tensor_product set to
+    `split` (``programs(desc, dtype)`` then lists more than one program) gives, at first order
+    and in the fused second order, what it gives with `whole`."""
     tp = PROBLEMS[name]()
     desc = tp.descriptor.trilinear
-    rng = np.random.default_rng(9)
+    rng = np.random.default_rng(seed)
     x, y, gz, ggx, ggy = (rng.normal(size=(BATCH, d)) for d in desc.dims[:2] + desc.dims[2:] + desc.dims[:2])
     w, ggw = rng.normal(size=(2, desc.weight_numel) if shared else (2, BATCH, desc.weight_numel))
     arrays = (x, y, w, gz, ggx, ggy, ggw)
     spec = SPECS["all"]
-    monkeypatch.setattr(pallas_kernels.tensor_product, "BACKWARD_GROUPS", True)
-    assert len(pallas_kernels.tensor_product.backward_groups(desc, x.dtype)) > 1
+    monkeypatch.setattr(pallas_kernels.tensor_product, knob, split)
+    assert len(programs(desc, x.dtype)) > 1
     got = pallas_kernels.backward(desc, x, y, w, gz), pallas.second(desc, spec, arrays)
-    monkeypatch.setattr(pallas_kernels.tensor_product, "BACKWARD_GROUPS", False)
+    monkeypatch.setattr(pallas_kernels.tensor_product, knob, whole)
     jax.clear_caches()
     expected = pallas_kernels.backward(desc, x, y, w, gz), pallas.second(desc, spec, arrays)
     for ours, ref in zip(got, expected):
         for a, b in zip(ours, ref):
             assert_close(a, b, 1e-12)
+
+
+@pytest.mark.parametrize("name, shared", [("uvu", False), ("uvw", True)])
+def test_backward_groups(name, shared, fresh_kernels, monkeypatch):
+    """The batched backward with a program per x segment (partial gy summed after): first
+    order and the fused second order as with one program per row."""
+    groups = pallas_kernels.tensor_product.backward_groups
+    _split_backward_matches(name, shared, 9, monkeypatch, "BACKWARD_GROUPS", True, False, groups)
 
 
 @pytest.mark.parametrize("name, shared, windows", [("uvu", True, 4), ("uvw", False, 2)])
 def test_backward_channel_windows(name, shared, windows, fresh_kernels, monkeypatch):
     """The batched backward split over programs by windows of x channels (forced; partial gy
     summed after): first order and the fused second order as with one program per group."""
-    tp = PROBLEMS[name]()
-    desc = tp.descriptor.trilinear
-    rng = np.random.default_rng(11)
-    x, y, gz, ggx, ggy = (rng.normal(size=(BATCH, d)) for d in desc.dims[:2] + desc.dims[2:] + desc.dims[:2])
-    w, ggw = rng.normal(size=(2, desc.weight_numel) if shared else (2, BATCH, desc.weight_numel))
-    arrays = (x, y, w, gz, ggx, ggy, ggw)
-    spec = SPECS["all"]
-    monkeypatch.setattr(pallas_kernels.tensor_product, "CHANNEL_WINDOWS", windows)
-    assert len(pallas_kernels.tensor_product.channel_windows(desc, x.dtype)) > 1
-    got = pallas_kernels.backward(desc, x, y, w, gz), pallas.second(desc, spec, arrays)
-    monkeypatch.setattr(pallas_kernels.tensor_product, "CHANNEL_WINDOWS", 1)
-    jax.clear_caches()
-    expected = pallas_kernels.backward(desc, x, y, w, gz), pallas.second(desc, spec, arrays)
-    for ours, ref in zip(got, expected):
-        for a, b in zip(ours, ref):
-            assert_close(a, b, 1e-12)
+    channel_windows = pallas_kernels.tensor_product.channel_windows
+    _split_backward_matches(name, shared, 11, monkeypatch, "CHANNEL_WINDOWS", windows, 1, channel_windows)
 
 
 def test_channel_windows_rule():
