@@ -5,21 +5,23 @@
         [--forward-warps auto,1,2,4] [--backward-warps auto,1,2,4] [--lane-sums element,tile]
         [--edge-splits auto,1,2,4,8] [--rows auto,1,8] [--backward-groups auto,0,1]
         [--forward-accumulators auto,64,128] [--cotangent-layout ir_mul,mul_ir]
-        [--backward-chunks auto,1,2,4] [--channel-windows auto,1,2] [--no-backward]
-        [--dbl-batch 20000]
+        [--backward-chunks auto,1,2,4] [--channel-windows auto,1,2] [--fma 1,0]
+        [--chained-forward auto,0,1] [--no-backward] [--dbl-batch 20000]
 
 Knobs (module constants): EDGES_PER_STEP (edges per loop step), ACCUMULATOR_REGISTERS (the
 conv forward's output grouping, 32-bit registers per thread), EDGE_SPLITS (programs per row's
 edges, auto = edge_splits' rule), COTANGENT_LAYOUT (the layout the conv backward reads the
 output cotangent in), BACKWARD_CHUNKS (the backward's programs per x segment, auto =
-backward_programs' rule) of pallas_kernels.conv; FORWARD_WARPS and BACKWARD_WARPS
+backward_programs' rule), CHAINED_FORWARD (the forward's multiply-adds start from the edge
+loop's sums, auto = by dtype) of pallas_kernels.conv; FORWARD_WARPS and BACKWARD_WARPS
 (warps per program, auto = num_warps' rule), LANE_SUMS (gy's cross-lane sums per element or as
 one tile), ROWS_PER_PROGRAM (the batched product's rows per program), BACKWARD_GROUPS (the
 batched backward's programs per x segment, auto = backward_groups' rule),
 FORWARD_ACCUMULATORS (the batched forward's output elements per thread, any dtype, before a
 split over programs; 0 = a program per segment, auto = forward_groups' rule) and
 CHANNEL_WINDOWS (the batched backward's programs per group by x channels, auto =
-channel_windows' rule) of pallas_kernels.tensor_product. Prints conv fwd and fwd+bwd ms per
+channel_windows' rule) of pallas_kernels.tensor_product; FUSED_MULTIPLY_ADD (multiply-adds
+as one instruction) of pallas_kernels.lowering. Prints conv fwd and fwd+bwd ms per
 setting (unless --no-conv), with --tp-batch the batched product's too, and with --dbl-batch the batched product's double
 backward (gpu_benchmark.py's dbl) on that many of those rows. --channelwise adds a product of
 one's own irreps (jequi.channelwise), e.g. a model's convolution.
@@ -37,6 +39,7 @@ from timing import timed
 
 import jequi
 import pallas_kernels.conv as conv
+import pallas_kernels.lowering as lowering
 import pallas_kernels.tensor_product as tensor_product
 
 # (runs, calls per run) of each timing: settings differ by a few percent, more than the
@@ -56,6 +59,8 @@ KNOBS = {  # option -> (module, constant, parse)
     "cotangent_layout": (conv, "COTANGENT_LAYOUT", str),
     "backward_chunks": (conv, "BACKWARD_CHUNKS", lambda v: None if v == "auto" else int(v)),
     "channel_windows": (tensor_product, "CHANNEL_WINDOWS", lambda v: None if v == "auto" else int(v)),
+    "fma": (lowering, "FUSED_MULTIPLY_ADD", lambda v: v == "1"),
+    "chained_forward": (conv, "CHAINED_FORWARD", lambda v: None if v == "auto" else v == "1"),
 }
 
 
@@ -95,7 +100,8 @@ def main():
     ap.add_argument("--backward", action=argparse.BooleanOptionalAction, default=True, help="time fwd+bwd too")
     defaults = {"steps": "1", "accumulators": "64", "forward_warps": "auto", "backward_warps": "auto", "lane_sums": "tile",
                 "edge_splits": "auto", "rows": "auto", "backward_groups": "auto", "forward_accumulators": "auto",
-                "cotangent_layout": conv.COTANGENT_LAYOUT, "backward_chunks": "auto", "channel_windows": "auto"}
+                "cotangent_layout": conv.COTANGENT_LAYOUT, "backward_chunks": "auto", "channel_windows": "auto",
+                "fma": "1", "chained_forward": "auto"}
     for name, default in defaults.items():
         ap.add_argument("--" + name.replace("_", "-"), default=default)
     a = ap.parse_args()

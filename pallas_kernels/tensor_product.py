@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import pallas as pl
 
-from .lowering import pallas_call
+from .lowering import fma, pallas_call
 
 SUPPORTED_MODES = ("uvu", "uuu", "uvw", "uuw")
 # Which of ``(gx, gy, gw)`` a backward kernel computes (``needs``): a backward for a
@@ -105,6 +105,23 @@ def _add(a, b):
     return b if a is None else a + b
 
 
+def _madd(acc, a, b):
+    """``acc + a * b`` as one fused multiply-add (:func:`~.lowering.fma`); ``a * b`` when
+    `acc` is None. The kernels' sums are chains of these, each started from the running sum
+    it adds to (an edge loop's, a row's gradient), so no product is left to a separate add."""
+    return a * b if acc is None else fma(a, b, acc)
+
+
+def _dot(pairs, zeros=None, start=None):
+    """``start + sum(a * b for a, b in pairs)`` as a chain of multiply-adds (`start` None:
+    no start; then ``zeros()`` when there are no pairs; without `zeros`, there must be
+    some)."""
+    total = start
+    for a, b in pairs:
+        total = _madd(total, a, b)
+    return zeros() if total is None else total
+
+
 def _sum(values, zeros=None):
     """The sum of `values` (arrays) without a leading ``0 +`` (a float add the compiler
     must keep); ``zeros()`` when there are none (without `zeros`, there must be some)."""
@@ -123,7 +140,7 @@ def _contract_y(terms, y):
     """``T[(i, k)] = sum_j c_ijk * y(j)`` (y returns a scalar or a vector)."""
     t = {}
     for i, j, k, c in terms:
-        t[(i, k)] = _add(t.get((i, k)), c * y(j))
+        t[(i, k)] = _madd(t.get((i, k)), c, y(j))
     return t
 
 
@@ -131,7 +148,7 @@ def _contract_x(t, x):
     """``A[k] = sum_i x(i) * T[(i, k)]``."""
     a = {}
     for (i, k), v in t.items():
-        a[k] = _add(a.get(k), x(i) * v)
+        a[k] = _madd(a.get(k), x(i), v)
     return a
 
 
@@ -148,11 +165,13 @@ def slots(segments, window=None) -> list[np.ndarray]:
 
 
 # --- forward ---------------------------------------------------------------------------------
-def forward_values(desc, triples, outputs=None) -> list:
+def forward_values(desc, triples, outputs=None, start=None) -> list:
     """One row of ``z = sum of f(x, y, w) over (x, y, w) in triples`` (rows of
     :class:`Row`): a value per slot of :func:`slots` ``([desc.out[s] for s in outputs])``
-    (default: every output segment). The first-order forward has one triple; the double
-    backward's ``d gz`` term has up to three (:mod:`jequi.autodiff`)."""
+    (default: every output segment), added to `start` (a value per slot: a running sum) if
+    given. The first-order forward has one triple; the double backward's ``d gz`` term has
+    up to three (:mod:`jequi.autodiff`)."""
+    start = iter(start) if start is not None else None
     by_out = {}
     for p in desc.active_paths:
         by_out.setdefault(p.i_out, []).append(p)
@@ -160,7 +179,7 @@ def forward_values(desc, triples, outputs=None) -> list:
     for s in range(len(desc.out)) if outputs is None else outputs:
         seg = desc.out[s]
         for c0, cs in chunks(seg.mul):
-            acc = [None] * seg.ir_dim
+            acc = [next(start) if start is not None else None for _ in range(seg.ir_dim)]
             for p in by_out.get(s, []):
                 for rx, ry, rw in triples:
                     _forward_path(desc, p, c0, cs, rx, ry, rw, acc)
@@ -180,12 +199,12 @@ def _forward_path(desc, p, c0, cs, rx, ry, rw, acc):
                 a = _contract_x(_contract_y(terms, lambda j: ry.load(in2[v, j])), x)
                 wv = rw.load(p.weight_offset + u * m2 + v)
                 for k, val in a.items():
-                    acc[k] = _add(acc[k], wv * val)
+                    acc[k] = _madd(acc[k], wv, val)
         else:
             a = _contract_x(_contract_y(terms, lambda j: ry.load(in2[c0 : c0 + cs, j])), x)
             wu = rw.load(p.weight_offset + u)
             for k, val in a.items():
-                acc[k] = _add(acc[k], wu * val)
+                acc[k] = _madd(acc[k], wu, val)
         return
     w = np.arange(c0, c0 + cs)
     for u0, cu in chunks(p.mul_in1):
@@ -236,19 +255,23 @@ def lane_tile_sum(vectors: list) -> jax.Array:
 
 
 class _Grads:
-    """Per-row gradient accumulators, stored once at the end of the row."""
+    """Per-row gradient accumulators, stored once at the end of the row; they start from
+    `start`, a value per slot of :func:`slots` ``(segments)`` (a running sum), if given."""
 
-    def __init__(self):
-        self.vec = {}  # _key(index array) -> vector
+    def __init__(self, segments=(), start=()):
+        self.vec = {_key(idx): value for idx, value in zip(slots(segments), start)}  # _key(index) -> vector
         self.scalar = {}  # (flat position, lanes) -> lane vector, summed at the end
 
-    def add_vec(self, idx, value):
-        self.vec[_key(idx)] = _add(self.vec.get(_key(idx)), value)
+    def add_vec(self, idx, pairs):
+        """Add ``sum(a * b for a, b in pairs)`` at the positions `idx`."""
+        self.vec[_key(idx)] = _dot(pairs, start=self.vec.get(_key(idx)))
 
-    def add_lanes(self, pos, lanes):
-        """Add ``sum(lanes)`` at a flat position; the cross-lane sum is taken once, in store."""
-        key = (int(pos), lanes.shape[0])
-        self.scalar[key] = _add(self.scalar.get(key), lanes)
+    def add_lanes(self, pos, pairs):
+        """Add the sum over lanes of ``sum(a * b for a, b in pairs)`` (lane vectors) at a flat
+        position; the cross-lane sum is taken once, in store."""
+        pairs = list(pairs)
+        key = (int(pos), np.broadcast_shapes(*(np.shape(v) for pair in pairs for v in pair))[0])
+        self.scalar[key] = _dot(pairs, start=self.scalar.get(key))
 
     def values(self, segments, dtype) -> list:
         """The row as a value per slot of :func:`slots` ``(segments)`` (zeros where nothing
@@ -327,12 +350,12 @@ def _unique(rows) -> list:
     return list(dict.fromkeys(rows))
 
 
-def backward_row(desc, rg: Row, pairs: Pairs, store_gw, paths, window=None):
+def backward_row(desc, rg: Row, pairs: Pairs, store_gw, paths, window=None, gx_start=((), ())):
     """One row of the backward of `paths` (of their x channels in `window`, for products with
     ``uv*`` paths only, :func:`channel_windows`): stores their ``gw`` and returns the ``gx``
     and ``gy`` accumulators (:class:`_Grads`) of `pairs` (``store_gw`` is unused without
-    ``gw`` pairs)."""
-    gx, gy = _Grads(), _Grads()
+    ``gw`` pairs); ``gx`` starts from ``gx_start = (in1 segments, a value per slot)``."""
+    gx, gy = _Grads(*gx_start), _Grads()
     for p in paths:
         _backward_path(desc, p, rg, pairs, gx, gy, store_gw, window)
     return gx, gy
@@ -349,12 +372,12 @@ def _contract_xg(terms, x, g):
     by_ij = len({(i, j) for i, j, _, _ in terms}) <= len({(j, k) for _, j, k, _ in terms})
     partial = {}
     for i, j, k, c in terms:
-        key, value = ((i, j), c * g[k]) if by_ij else ((j, k), c * x(i))
-        partial[key] = _add(partial.get(key), value)
+        key, value = ((i, j), g[k]) if by_ij else ((j, k), x(i))
+        partial[key] = _madd(partial.get(key), c, value)
     q = {}
     for (a, b), value in partial.items():
         j, other = (b, x(a)) if by_ij else (a, g[b])
-        q[j] = _add(q.get(j), other * value)
+        q[j] = _madd(q.get(j), other, value)
     return q
 
 
@@ -381,23 +404,23 @@ def _backward_path(desc, p, rg, pairs: Pairs, gx, gy, store_gw, window):
                     widx = p.weight_offset + u
                 if pairs.gw:
                     zeros = lambda: jnp.zeros((cs,), rg.ref.dtype)  # noqa: E731
-                    store_gw(widx, _sum((y_at(ry, j) * qj for rx, ry in pairs.gw for j, qj in q[rx].items()), zeros))
+                    store_gw(widx, _dot(((y_at(ry, j), qj) for rx, ry in pairs.gw for j, qj in q[rx].items()), zeros))
                 if pairs.gx:
                     t = {ry: _contract_y(terms, lambda j, ry=ry: y_at(ry, j)) for ry in _unique(ry for ry, _ in pairs.gx)}
                     for i in sorted({i for i, _, _, _ in terms}):
                         gx.add_vec(
                             in1[c0 : c0 + cs, i],
-                            _sum(
-                                rw.load(widx) * _sum(g[k] * tv for (i2, k), tv in t[ry].items() if i2 == i)
+                            (
+                                (rw.load(widx), _dot((g[k], tv) for (i2, k), tv in t[ry].items() if i2 == i))
                                 for ry, rw in pairs.gx
                             ),
                         )
                 for j in sorted({j for _, j, _, _ in terms}) if pairs.gy else ():
-                    value = _sum(rw.load(widx) * q[rx][j] for rx, rw in pairs.gy)
+                    products = [(rw.load(widx), q[rx][j]) for rx, rw in pairs.gy]
                     if p.mode == "uvu":
-                        gy.add_lanes(in2[v, j], value)
+                        gy.add_lanes(in2[v, j], products)
                     else:
-                        gy.add_vec(in2[c0 : c0 + cs, j], value)
+                        gy.add_vec(in2[c0 : c0 + cs, j], products)
         return
     w_rows = _unique([rw for _, rw in pairs.gx + pairs.gy])
     for c0, cs in chunks(mo):
@@ -428,17 +451,17 @@ def _backward_path(desc, p, rg, pairs: Pairs, gx, gy, store_gw, window):
                 h = {rw: {k: jnp.sum(rw.load(widx) * g[k][None, :], axis=1) for k in ks} for rw in w_rows}
                 for ry, rw in pairs.gx:
                     for (i, k), tv in t[ry].items():
-                        gx.add_vec(in1[u0 : u0 + cu, i], h[rw][k] * tv)
+                        gx.add_vec(in1[u0 : u0 + cu, i], [(h[rw][k], tv)])
                 by_j = {}
                 for rx, rw in pairs.gy:
                     for i, j, k, c in terms:
-                        by_j[j] = _add(by_j.get(j), c * x_at(rx, i) * h[rw][k])
-                for j, value in by_j.items():
+                        by_j.setdefault(j, []).append((c * x_at(rx, i), h[rw][k]))
+                for j, products in by_j.items():
                     # for uvw, y has no u index: gy is reduced over u on chip
                     if p.mode == "uvw":
-                        gy.add_lanes(in2[v, j], value)
+                        gy.add_lanes(in2[v, j], products)
                     else:
-                        gy.add_vec(in2[u0 : u0 + cu, j], value)
+                        gy.add_vec(in2[u0 : u0 + cu, j], products)
 
 
 def input_groups(desc) -> list[tuple[list[int], list]]:

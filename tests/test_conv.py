@@ -191,8 +191,10 @@ def test_backward_programs_rule():
 @pytest.mark.parametrize("edges_per_step", [1, 2, 3])
 def test_sorted_edges_and_edge_loop_unrolling(tp, edges_per_step, fresh_kernels, monkeypatch):
     """Edges given in receiver order are read in sequence (Graph.edges_sorted); the Pallas
-    edge loop gives the same sums however many edges it takes per step."""
+    edge loop gives the same sums however many edges it takes per step, with the forward's
+    multiply-adds started from the running sums or not."""
     monkeypatch.setattr(pallas_kernels.conv, "EDGES_PER_STEP", edges_per_step)
+    monkeypatch.setattr(pallas_kernels.conv, "CHAINED_FORWARD", edges_per_step != 2)
     rng = np.random.default_rng(7)
     x, y, w, s, r = graph(rng, tp, 7, 31)
     perm = np.argsort(r, kind="stable")

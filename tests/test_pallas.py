@@ -386,3 +386,20 @@ def test_chunks_cover_any_multiplicity():
         pieces = pallas_kernels.tensor_product.chunks(mul)
         assert sum(size for _, size in pieces) == mul
         assert all(size & (size - 1) == 0 and size <= 128 for _, size in pieces)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the fused instruction is emitted on the GPU only")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_multiply_add_rounds_once(dtype):
+    """``lowering.fma`` inside a kernel rounds once (the fused instruction). With ``a = 1 +
+    e`` and ``c = -(1 + 2e)``, ``a * a + c`` is exactly ``e^2``, below half an ulp of the
+    product, which rounding it first loses."""
+    e = 2.0 ** -(np.finfo(dtype).nmant // 2 + 2)
+    a = jnp.full((32,), 1 + e, dtype)
+    c = jnp.full((32,), -(1 + 2 * e), dtype)
+
+    def kernel(a_ref, c_ref, o_ref):
+        o_ref[...] = pallas_kernels.lowering.fma(a_ref[...], a_ref[...], c_ref[...])
+
+    out = pallas_kernels.lowering.pallas_call(kernel, jax.ShapeDtypeStruct((32,), dtype), (1,), 1)(a, c)
+    np.testing.assert_array_equal(out, np.full(32, e * e, dtype))
