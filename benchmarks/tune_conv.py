@@ -6,7 +6,7 @@
         [--edge-splits auto,1,2,4,8] [--rows auto,1,8] [--backward-groups auto,0,1]
         [--forward-accumulators auto,64,128] [--cotangent-layout ir_mul,mul_ir]
         [--backward-chunks auto,1,2,4] [--channel-windows auto,1,2] [--fma 1,0]
-        [--chained-forward auto,0,1] [--no-backward] [--dbl-batch 20000]
+        [--chained-forward auto,0,1] [--fused-forward auto,0,1] [--no-backward] [--dbl-batch 20000]
 
 Knobs (module constants): EDGES_PER_STEP (edges per loop step), ACCUMULATOR_REGISTERS (the
 conv forward's output grouping, 32-bit registers per thread), EDGE_SPLITS (programs per row's
@@ -20,7 +20,8 @@ batched backward's programs per x segment, auto = backward_groups' rule),
 FORWARD_ACCUMULATORS (the batched forward's output elements per thread, any dtype, before a
 split over programs; 0 = a program per segment, auto = forward_groups' rule) and
 CHANNEL_WINDOWS (the batched backward's programs per group by x channels, auto =
-channel_windows' rule) of pallas_kernels.tensor_product; FUSED_MULTIPLY_ADD (multiply-adds
+channel_windows' rule), FUSED_FORWARD (the batched forward's multiply-adds fused, auto = by
+dtype) of pallas_kernels.tensor_product; FUSED_MULTIPLY_ADD (multiply-adds
 as one instruction) of pallas_kernels.lowering. Prints conv fwd and fwd+bwd ms per
 setting (unless --no-conv), with --tp-batch the batched product's too, and with --dbl-batch the batched product's double
 backward (gpu_benchmark.py's dbl) on that many of those rows. --channelwise adds a product of
@@ -61,6 +62,7 @@ KNOBS = {  # option -> (module, constant, parse)
     "channel_windows": (tensor_product, "CHANNEL_WINDOWS", lambda v: None if v == "auto" else int(v)),
     "fma": (lowering, "FUSED_MULTIPLY_ADD", lambda v: v == "1"),
     "chained_forward": (conv, "CHAINED_FORWARD", lambda v: None if v == "auto" else v == "1"),
+    "fused_forward": (tensor_product, "FUSED_FORWARD", lambda v: None if v == "auto" else v == "1"),
 }
 
 
@@ -101,7 +103,8 @@ def main():
     defaults = {"steps": "1", "accumulators": "64", "forward_warps": "auto", "backward_warps": "auto", "lane_sums": "tile",
                 "edge_splits": "auto", "rows": "auto", "backward_groups": "auto", "forward_accumulators": "auto",
                 "cotangent_layout": conv.COTANGENT_LAYOUT, "backward_chunks": "auto", "channel_windows": "auto",
-                "fma": "1", "chained_forward": "auto"}
+                "fma": "1", "chained_forward": "auto",
+                "fused_forward": "auto"}
     for name, default in defaults.items():
         ap.add_argument("--" + name.replace("_", "-"), default=default)
     a = ap.parse_args()

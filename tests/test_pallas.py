@@ -389,17 +389,19 @@ def test_chunks_cover_any_multiplicity():
 
 
 @pytest.mark.skipif(not ON_GPU, reason="the fused instruction is emitted on the GPU only")
+@pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_multiply_add_rounds_once(dtype):
-    """``lowering.fma`` inside a kernel rounds once (the fused instruction). With ``a = 1 +
-    e`` and ``c = -(1 + 2e)``, ``a * a + c`` is exactly ``e^2``, below half an ulp of the
-    product, which rounding it first loses."""
+def test_multiply_add_rounds_once(dtype, fused):
+    """``lowering.fma`` inside a kernel rounds once (the fused instruction), or twice inside
+    ``multiply_adds(False)``. With ``a = 1 + e`` and ``c = -(1 + 2e)``, ``a * a + c`` is
+    exactly ``e^2``, below half an ulp of the product, which rounding it first loses."""
     e = 2.0 ** -(np.finfo(dtype).nmant // 2 + 2)
     a = jnp.full((32,), 1 + e, dtype)
     c = jnp.full((32,), -(1 + 2 * e), dtype)
 
     def kernel(a_ref, c_ref, o_ref):
-        o_ref[...] = pallas_kernels.lowering.fma(a_ref[...], a_ref[...], c_ref[...])
+        with pallas_kernels.lowering.multiply_adds(fused):
+            o_ref[...] = pallas_kernels.lowering.fma(a_ref[...], a_ref[...], c_ref[...])
 
     out = pallas_kernels.lowering.pallas_call(kernel, jax.ShapeDtypeStruct((32,), dtype), (1,), 1)(a, c)
-    np.testing.assert_array_equal(out, np.full(32, e * e, dtype))
+    np.testing.assert_array_equal(out, np.full(32, e * e if fused else 0, dtype))
