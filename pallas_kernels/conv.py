@@ -156,9 +156,9 @@ def _part(off_ref, row, part, splits: int):
 # Whether the forward's multiply-adds start from the running sums of the edge loop (each
 # product fused into the sum it feeds) or an edge's values are summed first and then added to
 # the running sums. None: chained in float64 only. Measured (H200, MACE-large on the carbon
-# lattice, fwd ms, separate then chained): float32 1.195 / 1.385, float64 2.286 / 2.092 (in
-# separate processes). The backward's gx always starts from the running sums (float32
-# backward about 4.0 -> 3.5 ms).
+# lattice, one process, fwd ms, separate / chained): float32 1.200 / 1.389, float64 2.283 /
+# 2.107. The backward's gx always starts from the running sums (float32 backward about 4.0 ->
+# 3.5 ms).
 CHAINED_FORWARD: bool | None = None
 
 

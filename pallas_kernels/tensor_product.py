@@ -6,7 +6,8 @@ A program owns ``rows_per_program`` batch rows and walks them one at a time; wit
 multiplicity channels are vectorized in power-of-two chunks (Triton tensors must have
 power-of-two sizes; exact chunks need no masks). Each input element of a row is loaded
 once per program (loads are cached per row), each output element is stored once, and the backward
-recomputes what it needs instead of reading stored intermediates.
+recomputes what it needs instead of reading stored intermediates. Sums are chains of fused
+multiply-adds (:func:`~.lowering.fma`), each started from the running sum it adds to.
 
 Modes: ``uvu`` and ``uuu`` (channelwise, vectors over ``u``) and ``uvw`` and ``uuw``
 (a per-row weight matrix contracted over ``u``: 2-D ``(u, w)`` tiles reduced on chip).
