@@ -47,6 +47,7 @@ import pallas_kernels.tensor_product as tensor_product
 # run-to-run spread of timing.py's default 5 x 5 calls.
 REPEAT = (9, 20)
 
+_FLAGS = {"1": True, "0": False}
 KNOBS = {  # option -> (module, constant, parse)
     "steps": (conv, "EDGES_PER_STEP", int),
     "accumulators": (conv, "ACCUMULATOR_REGISTERS", int),
@@ -60,9 +61,9 @@ KNOBS = {  # option -> (module, constant, parse)
     "cotangent_layout": (conv, "COTANGENT_LAYOUT", str),
     "backward_chunks": (conv, "BACKWARD_CHUNKS", lambda v: None if v == "auto" else int(v)),
     "channel_windows": (tensor_product, "CHANNEL_WINDOWS", lambda v: None if v == "auto" else int(v)),
-    "fma": (lowering, "FUSED_MULTIPLY_ADD", lambda v: v == "1"),
-    "chained_forward": (conv, "CHAINED_FORWARD", lambda v: None if v == "auto" else v == "1"),
-    "fused_forward": (tensor_product, "FUSED_FORWARD", lambda v: None if v == "auto" else v == "1"),
+    "fma": (lowering, "FUSED_MULTIPLY_ADD", lambda v: _FLAGS[v]),
+    "chained_forward": (conv, "CHAINED_FORWARD", lambda v: None if v == "auto" else _FLAGS[v]),
+    "fused_forward": (tensor_product, "FUSED_FORWARD", lambda v: None if v == "auto" else _FLAGS[v]),
 }
 
 

@@ -157,8 +157,8 @@ def _part(off_ref, row, part, splits: int):
 # product fused into the sum it feeds) or an edge's values are summed first and then added to
 # the running sums. None: chained in float64 only. Measured (H200, MACE-large on the carbon
 # lattice, one process, fwd ms, separate / chained): float32 1.200 / 1.389, float64 2.283 /
-# 2.107. The backward's gx always starts from the running sums (float32 backward about 4.0 ->
-# 3.5 ms).
+# 2.107. The backward's gx starts from the running sums but with Kahan summation (float32
+# backward about 4.0 -> 3.5 ms).
 CHAINED_FORWARD: bool | None = None
 
 
@@ -351,7 +351,8 @@ def conv_backward_sum(
         def node(n):
             start, end = _part(off_ref, n, part, splits)
             for gi, (segments, paths, chunk, group_chunks) in enumerate(groups):
-                in1_slots = slots([desc.in1[s] for s in segments])
+                in1 = [desc.in1[s] for s in segments]
+                in1_slots = slots(in1)
                 gy_base = gi * num_edges * d2
 
                 @pl.when((group == gi) & (n < num_senders))
@@ -360,10 +361,9 @@ def conv_backward_sum(
                         e = order_ref[k]
                         rows = {**row_refs(arrays, node_refs, n), **row_refs(arrays, edge_refs, e)}
                         store_gw = None if gw_ref is None else storer(gw_ref, e * nw)
-                        in1 = [desc.in1[s] for s in segments]
                         gx, gy = backward_row(
                             desc, Row(g_ref, r_ref[k] * do, g_positions), pairs_of(terms, rows), store_gw, paths,
-                            gx_start=(in1, acc or ()),
+                            gx_start=(in1, () if acc is None else acc),
                         )  # fmt: skip
                         if gi == 0:
                             zero_weights(inactive, store_gw, dtype)

@@ -44,8 +44,8 @@ _FMA_PTX = {jnp.dtype(jnp.float32): ("fma.rn.f32 $0, $1, $2, $3;", "=f,f,f,f"),
 
 @contextlib.contextmanager
 def multiply_adds(fused: bool):
-    """Inside this context (while a kernel is traced), :func:`fma` emits a multiply and an add
-    unless `fused`: for a kernel measured faster so."""
+    """While a kernel is traced inside this context with ``fused=False``, :func:`fma` emits a
+    separate multiply and add (for a kernel measured faster so)."""
     _fused.append(fused)
     try:
         yield
@@ -56,8 +56,9 @@ def multiply_adds(fused: bool):
 def fma(a, b, c):
     """``a * b + c`` inside a kernel, rounded once (a fused multiply-add) where the lowering
     has one: on the GPU, for float32 and float64 vectors (Triton's inline assembly takes no
-    scalars). Elsewhere ``a * b + c``, which the interpreter's XLA may contract itself. `a`
-    and `b` may be Python numbers or broadcast against `c`."""
+    scalars). Elsewhere ``a * b + c``, which the interpreter's XLA may contract itself. `c` is
+    an array, whose dtype the result has; `a` and `b` may be Python numbers or arrays that
+    broadcast against it."""
     shape = np.broadcast_shapes(*(np.shape(v) for v in (a, b, c)))
     dtype = jnp.result_type(c)
     if not (FUSED_MULTIPLY_ADD and _fused[-1] and on_gpu() and shape and dtype in _FMA_PTX):

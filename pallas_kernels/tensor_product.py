@@ -6,8 +6,10 @@ A program owns ``rows_per_program`` batch rows and walks them one at a time; wit
 multiplicity channels are vectorized in power-of-two chunks (Triton tensors must have
 power-of-two sizes; exact chunks need no masks). Each input element of a row is loaded
 once per program (loads are cached per row), each output element is stored once, and the backward
-recomputes what it needs instead of reading stored intermediates. Sums are chains of fused
-multiply-adds (:func:`~.lowering.fma`), each started from the running sum it adds to.
+recomputes what it needs instead of reading stored intermediates. Sums of products are chains
+of fused multiply-adds (:func:`~.lowering.fma`), started from the running sum they add to where
+the kernel passes one in (reductions over tiles, ``uvw``'s, stay a multiply and a tree of adds;
+:data:`FUSED_FORWARD` and the conv's ``CHAINED_FORWARD`` say where measurements kept them apart).
 
 Modes: ``uvu`` and ``uuu`` (channelwise, vectors over ``u``) and ``uvw`` and ``uuw``
 (a per-row weight matrix contracted over ``u``: 2-D ``(u, w)`` tiles reduced on chip).
@@ -108,8 +110,7 @@ def _add(a, b):
 
 def _madd(acc, a, b):
     """``acc + a * b`` as one fused multiply-add (:func:`~.lowering.fma`); ``a * b`` when
-    `acc` is None. The kernels' sums are chains of these, each started from the running sum
-    it adds to (an edge loop's, a row's gradient), so no product is left to a separate add."""
+    `acc` is None."""
     return a * b if acc is None else fma(a, b, acc)
 
 
@@ -172,12 +173,15 @@ def forward_values(desc, triples, outputs=None, start=None) -> list:
     (default: every output segment), added to `start` (a value per slot: a running sum) if
     given. The first-order forward has one triple; the double backward's ``d gz`` term has
     up to three (:mod:`jequi.autodiff`)."""
-    start = iter(start) if start is not None else None
+    outputs = range(len(desc.out)) if outputs is None else outputs
+    if start is not None:
+        assert len(start) == len(slots([desc.out[s] for s in outputs])), "a start value per slot"
+        start = iter(start)
     by_out = {}
     for p in desc.active_paths:
         by_out.setdefault(p.i_out, []).append(p)
     values = []
-    for s in range(len(desc.out)) if outputs is None else outputs:
+    for s in outputs:
         seg = desc.out[s]
         for c0, cs in chunks(seg.mul):
             acc = [next(start) if start is not None else None for _ in range(seg.ir_dim)]
@@ -257,10 +261,12 @@ def lane_tile_sum(vectors: list) -> jax.Array:
 
 class _Grads:
     """Per-row gradient accumulators, stored once at the end of the row; they start from
-    `start`, a value per slot of :func:`slots` ``(segments)`` (a running sum), if given."""
+    `start`, a value per slot of :func:`slots` ``(segments)`` (a running sum; no channel
+    window), if given."""
 
     def __init__(self, segments=(), start=()):
-        self.vec = {_key(idx): value for idx, value in zip(slots(segments), start)}  # _key(index) -> vector
+        # _key(index array) -> vector; seeds are keyed by slots without a channel window
+        self.vec = {_key(idx): value for idx, value in zip(slots(segments), start, strict=True)} if start else {}
         self.scalar = {}  # (flat position, lanes) -> lane vector, summed at the end
 
     def add_vec(self, idx, pairs):
@@ -646,7 +652,8 @@ def forward_groups(desc, dtype) -> list[list[int]]:
 # Whether the batched forward's multiply-adds are fused instructions (:func:`~.lowering.fma`);
 # None: except in float64. Measured (H200, 50,000 rows, fwd ms, fused / separate): float64
 # MACE-large 2.700 / 2.572, NequIP-OAM 1.240 / 1.177; float32 MACE-large 0.782 / 0.779,
-# MACE-medium 0.280 / 0.313, NequIP-OAM 0.571 / 0.557, NequIP-LiPS 0.281 / 0.273.
+# MACE-medium 0.280 / 0.313, NequIP-OAM 0.571 / 0.557, NequIP-LiPS 0.281 / 0.273 (within 3 %
+# either way but MACE-medium's 11 %: fused).
 FUSED_FORWARD: bool | None = None
 
 
