@@ -18,14 +18,14 @@ loop's sums, auto = by dtype) of pallas_kernels.conv; FORWARD_WARPS and BACKWARD
 one tile), ROWS_PER_PROGRAM (the batched product's rows per program), BACKWARD_GROUPS (the
 batched backward's programs per x segment, auto = backward_groups' rule),
 FORWARD_ACCUMULATORS (the batched forward's output elements per thread, any dtype, before a
-split over programs; 0 = a program per segment, auto = forward_groups' rule) and
+split over programs; 0 = a program per segment, auto = forward_groups' rule),
 CHANNEL_WINDOWS (the batched backward's programs per group by x channels, auto =
-channel_windows' rule), FUSED_FORWARD (the batched forward's multiply-adds fused, auto = by
-dtype) of pallas_kernels.tensor_product; FUSED_MULTIPLY_ADD (multiply-adds
-as one instruction) of pallas_kernels.lowering. Prints conv fwd and fwd+bwd ms per
-setting (unless --no-conv), with --tp-batch the batched product's too, and with --dbl-batch the batched product's double
-backward (gpu_benchmark.py's dbl) on that many of those rows. --channelwise adds a product of
-one's own irreps (jequi.channelwise), e.g. a model's convolution.
+channel_windows' rule) and FUSED_FORWARD (the batched forward's multiply-adds fused, auto =
+by dtype) of pallas_kernels.tensor_product; FUSED_MULTIPLY_ADD (multiply-adds as one
+instruction) of pallas_kernels.lowering. Prints conv fwd and fwd+bwd ms per setting (unless
+--no-conv), with --tp-batch the batched product's too, and with --dbl-batch the batched
+product's double backward (gpu_benchmark.py's dbl) on that many of those rows. --channelwise
+adds a product of one's own irreps (jequi.channelwise), e.g. a model's convolution.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ KNOBS = {  # option -> (module, constant, parse)
     "lane_sums": (tensor_product, "LANE_SUMS", str),
     "edge_splits": (conv, "EDGE_SPLITS", lambda v: None if v == "auto" else int(v)),
     "rows": (tensor_product, "ROWS_PER_PROGRAM", lambda v: None if v == "auto" else int(v)),
-    "backward_groups": (tensor_product, "BACKWARD_GROUPS", lambda v: None if v == "auto" else v == "1"),
+    "backward_groups": (tensor_product, "BACKWARD_GROUPS", lambda v: None if v == "auto" else _FLAGS[v]),
     "forward_accumulators": (tensor_product, "FORWARD_ACCUMULATORS", lambda v: None if v == "auto" else int(v)),
     "cotangent_layout": (conv, "COTANGENT_LAYOUT", str),
     "backward_chunks": (conv, "BACKWARD_CHUNKS", lambda v: None if v == "auto" else int(v)),
@@ -104,8 +104,7 @@ def main():
     defaults = {"steps": "1", "accumulators": "64", "forward_warps": "auto", "backward_warps": "auto", "lane_sums": "tile",
                 "edge_splits": "auto", "rows": "auto", "backward_groups": "auto", "forward_accumulators": "auto",
                 "cotangent_layout": conv.COTANGENT_LAYOUT, "backward_chunks": "auto", "channel_windows": "auto",
-                "fma": "1", "chained_forward": "auto",
-                "fused_forward": "auto"}
+                "fma": "1", "chained_forward": "auto", "fused_forward": "auto"}
     for name, default in defaults.items():
         ap.add_argument("--" + name.replace("_", "-"), default=default)
     a = ap.parse_args()

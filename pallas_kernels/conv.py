@@ -162,10 +162,6 @@ def _part(off_ref, row, part, splits: int):
 CHAINED_FORWARD: bool | None = None
 
 
-def _chained_forward(dtype) -> bool:
-    return jnp.dtype(dtype) == jnp.float64 if CHAINED_FORWARD is None else CHAINED_FORWARD
-
-
 def conv_output_groups(desc, dtype) -> list[list[int]]:
     """The forward's programs per receiver, as groups of output segments: the sums live in
     registers for a whole edge loop, and a wide output would spill
@@ -259,7 +255,7 @@ def conv_forward_sum(
     warps = num_warps(desc)
     groups = conv_output_groups(desc, dtype)
     splits = edge_splits(num_nodes, num_edges, len(groups), warps)
-    chained = _chained_forward(dtype)
+    chained = jnp.dtype(dtype) == jnp.float64 if CHAINED_FORWARD is None else CHAINED_FORWARD
 
     def kernel(*refs):
         s_ref, order_ref, off_ref, z_ref = refs[len(used) :]
