@@ -9,7 +9,9 @@ On the GPU machine, from the project root::
 Every available jequi backend, e3nn-jax (``legacy.FunctionalTensorProduct`` under
 ``jax.vmap``), cuEquivariance-JAX (``segmented_polynomial``) and OpenEquivariance's JAX
 extension run in this one process on the same random inputs, under ``jax.jit``. A peer that
-cannot be imported or fails is reported as n/a with the reason. Passes:
+cannot be imported or fails is reported as n/a with the reason. ``jequi-pallas-ir_mul`` is
+jequi in cuEquivariance's ``ir_mul`` layout, on the same values stored so (``--layouts``);
+the speedup table compares each peer with jequi in the peer's layout. Passes:
 
 * ``fwd``: ``tp(x, y, w)``;
 * ``bwd``: ``jax.grad`` of ``vdot(tp(x, y, w), g)`` w.r.t. (x, y, w);
@@ -59,10 +61,16 @@ import numpy as np  # noqa: E402
 from e3nn_jax.legacy import FunctionalTensorProduct  # noqa: E402
 
 import jequi  # noqa: E402
+from jequi.descriptor import layout_positions  # noqa: E402
 from timing import median_ms  # noqa: E402
 
 TP_PROBLEMS = "mace-large,mace-medium,nequip-lips,nequip-benzene,nequip-oam-main,diffdock-l1,diffdock-l2,tetris-poly-1,tetris-poly-2"
 PEERS = ("e3nn", "cuex", "oeq", "oeq-det")
+# The layout of each peer's operands: cuEquivariance's channelwise and fully connected
+# descriptors are ``ir_mul`` (segments ``iu``: a component's channels contiguous), e3nn-jax and
+# OpenEquivariance take e3nn's ``mul_ir``. Speedups compare a peer with jequi in its layout.
+PEER_LAYOUTS = {"e3nn": "mul_ir", "cuex": "ir_mul", "oeq": "mul_ir", "oeq-det": "mul_ir"}
+IR_MUL = "-ir_mul"  # name suffix of the jequi implementations run in the ir_mul layout
 CHECK_ROWS = 64
 SLOW_CELL_S = 10.0  # fewer calls per repetition when a cell would take longer than this
 
@@ -164,8 +172,11 @@ def oeq_check(op, tp):
         raise ValueError(f"OEQ (weight_numel, out dim) {got} differ from jequi's {want}")
 
 
-def tp_impls(tp, spec, dtype):
+def tp_impls(tp, tp_ir, spec, dtype):
+    """`tp_ir`: the same product in the ir_mul layout (None: not run)."""
     impls = {f"jequi-{b}": lambda b=b: [("", lambda x, y, w: tp(x, y, w, backend=b))] for b in jequi.available_backends()}
+    if tp_ir is not None and "pallas" in jequi.available_backends():
+        impls["jequi-pallas" + IR_MUL] = lambda: [("ir_mul", lambda x, y, w: tp_ir(x, y, w, backend="pallas"))]
     impls["e3nn"] = lambda: [("vmap(FunctionalTensorProduct)", e3nn_fn(tp))]
     impls["cuex"] = lambda: cuex_candidates(tp, spec)
 
@@ -179,13 +190,18 @@ def tp_impls(tp, spec, dtype):
     return impls
 
 
-def conv_impls(tp, spec, dtype, num_nodes, sender_perm):
+def conv_impls(tp, tp_ir, spec, dtype, num_nodes, sender_perm):
     """jequi runs on the prebuilt :class:`jequi.Graph` (built once per structure, reused by
-    every layer of a model); the peers on the receiver-sorted index arrays."""
+    every layer of a model); the peers on the receiver-sorted index arrays. `tp_ir`: the same
+    product in the ir_mul layout (None: not run)."""
     impls = {
         f"jequi-{b}": lambda b=b: [("Graph", lambda x, y, w, s, r, graph: tp.conv(x, y, w, graph, backend=b))]
         for b in jequi.available_backends()
     }
+    if tp_ir is not None and "pallas" in jequi.available_backends():
+        impls["jequi-pallas" + IR_MUL] = lambda: [
+            ("Graph, ir_mul", lambda x, y, w, s, r, graph: tp_ir.conv(x, y, w, graph, backend="pallas"))
+        ]
     if dtype == "float32" and "pallas" in jequi.available_backends():
         impls["jequi-pallas-kahan"] = lambda: [
             ("Graph, kahan", lambda x, y, w, s, r, graph: tp.conv(x, y, w, graph, backend="pallas", kahan=True))
@@ -310,18 +326,22 @@ def conv_graph(kind, nodes, edges):
 
 
 def conv_checks(impls, args, dtype):
-    """Bitwise determinism of jequi's Pallas conv (3 runs of fwd and fwd+bwd) and, in f32,
-    the error of the plain and Kahan sums against the same inputs in f64."""
+    """Bitwise determinism of jequi's Pallas conv in both layouts (3 runs of fwd and
+    fwd+bwd) and, in f32, the error of the plain and Kahan sums against the same inputs in
+    f64."""
     checks = {}
     if "jequi-pallas" not in impls:
         return checks
     x, y, w, s, r, graph, g = args
-    f = impls["jequi-pallas"]()[0][1]
-    for pname, make in conv_passes().items():
-        fn = jax.jit(make(f))
-        runs = [jax.tree.leaves(jax.block_until_ready(fn(*args))) for _ in range(3)]
-        same = all(all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(runs[0], run)) for run in runs[1:])
-        checks[f"jequi-pallas {pname} bitwise identical over 3 runs"] = str(same)
+    for name in ("jequi-pallas", "jequi-pallas" + IR_MUL):
+        if name not in impls:
+            continue
+        f = impls[name]()[0][1]
+        for pname, make in conv_passes().items():
+            fn = jax.jit(make(f))
+            runs = [jax.tree.leaves(jax.block_until_ready(fn(*args))) for _ in range(3)]
+            same = all(all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(runs[0], run)) for run in runs[1:])
+            checks[f"{name} {pname} bitwise identical over 3 runs"] = str(same)
     if dtype == "float32":
         hi = [a.astype(jnp.float64) for a in (x, y, w)]
         exact = np.asarray(jax.jit(lambda x, y, w: impls["jequi-xla"]()[0][1](x, y, w, s, r, graph))(*hi))
@@ -366,9 +386,25 @@ def device_slug(kind):
     return m.group(1).lower() if m else re.sub(r"[^a-z0-9]+", "-", kind.lower()).strip("-") or "device"
 
 
-def best_jequi(impls, pname):
+def best_jequi(impls, pname, layout=None):
+    """``(ms, name)`` of the fastest jequi implementation of a pass; with `layout`, of those run
+    in that layout when there are any."""
     cands = [(c[pname]["ms"], n) for n, c in impls.items() if n.startswith("jequi-") and "ms" in c.get(pname, {})]
+    if layout is not None:
+        cands = [c for c in cands if c[1].endswith(IR_MUL) == (layout == "ir_mul")] or cands
     return min(cands) if cands else (None, None)
+
+
+def in_layout(desc, arrays, roles, back=False):
+    """`arrays` (e3nn's ``mul_ir``) in ``ir_mul``, or back with `back`; `roles` names each
+    array's irreps (``"in1"``, ``"in2"``, ``"out"``; None: passed through)."""
+    out = []
+    for a, role in zip(arrays, roles):
+        if role is not None:
+            positions = layout_positions(getattr(desc, role), "ir_mul")  # a_ir[..., positions] = a
+            a = a[..., positions] if back else a[..., np.argsort(positions)]
+        out.append(a)
+    return tuple(out)
 
 
 def fmt_ms(cell):
@@ -410,16 +446,17 @@ def markdown(result, passes):
         for k, v in r.get("checks", {}).items():
             notes.append(f"{r['problem']} {r['dtype']} check {k}: {v}")
     peers = [p for p in PEERS if any(p in r["impls"] for r in rows)]
-    out += ["", "Speedup of jequi's best backend over each peer (peer ms / jequi ms, > 1: jequi faster), "
-            + " / ".join(passes) + ":", ""]
+    out += ["", "Speedup of jequi's best backend in each peer's layout over the peer (peer ms / jequi ms, > 1: "
+            "jequi faster; cuex in ir_mul, the others in mul_ir), " + " / ".join(passes) + ":", ""]
     out += ["| problem | dtype | jequi best | " + " | ".join(f"vs {p}" for p in peers) + " |", "|" + "---|" * (3 + len(peers))]
     for r in rows:
         best = {p: best_jequi(r["impls"], p) for p in passes}
         cells = []
         for peer_name in peers:
             pc = r["impls"].get(peer_name, {})
+            mine = {p: best_jequi(r["impls"], p, PEER_LAYOUTS[peer_name])[0] for p in passes}
             cells.append(" / ".join(
-                f"{pc[p]['ms'] / best[p][0]:.2f}x" if best[p][0] and "ms" in pc.get(p, {}) else "n/a" for p in passes
+                f"{pc[p]['ms'] / mine[p]:.2f}x" if mine[p] and "ms" in pc.get(p, {}) else "n/a" for p in passes
             ))
         label = " / ".join(f"{best[p][1][6:]} {best[p][0]:.3f}" if best[p][0] else "n/a" for p in passes)
         out.append(f"| {r['problem']} | {r['dtype']} | {label} | " + " | ".join(cells) + " |")
@@ -441,8 +478,8 @@ def plot(result, passes, path):
     groups = []
     for r in result["rows"]:
         for p in passes:
-            ms, _ = best_jequi(r["impls"], p)
-            sp = {q: r["impls"][q][p]["ms"] / ms for q in peers if ms and "ms" in r["impls"].get(q, {}).get(p, {})}
+            mine = {q: best_jequi(r["impls"], p, PEER_LAYOUTS[q])[0] for q in peers}
+            sp = {q: r["impls"][q][p]["ms"] / mine[q] for q in peers if mine[q] and "ms" in r["impls"].get(q, {}).get(p, {})}
             if sp:
                 groups.append((f"{r['problem']}\n{r['dtype'][5:]} {p}", sp))
     peers = [q for q in peers if any(q in sp for _, sp in groups)]
@@ -491,7 +528,8 @@ def main():
     ap.add_argument("--dbl-batch", type=int, default=None, help="rows for dbl (default 20000)")
     ap.add_argument("--repeat", type=int, default=None, help="repetitions, median taken (default 5)")
     ap.add_argument("--calls", type=int, default=None, help="calls per repetition (default 10)")
-    ap.add_argument("--impls", help="comma list of implementations to run (jequi-<backend>, e3nn, cuex, oeq, oeq-det)")
+    ap.add_argument("--impls", help="comma list of implementations to run (jequi-<backend>, jequi-pallas-ir_mul, e3nn, cuex, oeq, oeq-det)")
+    ap.add_argument("--layouts", default="mul_ir,ir_mul", help="jequi's layouts: mul_ir, and ir_mul for jequi-pallas-ir_mul")
     ap.add_argument("--passes", help="comma list of passes to run (default all: fwd,bwd,dbl; with --conv fwd,fwd+bwd)")
     ap.add_argument("--conv", action="store_true", help="fused convolution on real structures' graphs instead")
     ap.add_argument("--graphs", default="carbon,water", help="--conv: comma list of carbon, water, random")
@@ -553,6 +591,7 @@ def main():
             edges = senders.shape[0]
         spec = jequi.problems.CATALOGUE[name]
         tp = jequi.problems.get(name)
+        tp_ir = jequi.problems.get(name, layout="ir_mul") if "ir_mul" in a.layouts.split(",") else None
         d1, d2, do = tp.descriptor.dims
         nw = tp.weight_numel
         for dtype in dtypes:
@@ -565,7 +604,8 @@ def main():
                 fwd_bytes = item * (nodes * (d1 + do) + edges * (d2 + nw)) + 8 * edges
                 bwd_bytes = item * (nodes * (2 * d1 + do) + 2 * edges * (d2 + nw)) + 8 * edges
                 bound_bytes = {"fwd": fwd_bytes, "fwd+bwd": fwd_bytes + bwd_bytes}
-                impls = conv_impls(tp, spec, dtype, nodes, sender_perm)
+                impls = conv_impls(tp, tp_ir, spec, dtype, nodes, sender_perm)
+                roles = {p: ("in1", "in2", None, None, None, None, "out") for p in args_of}
                 sizes = f"{text}: {nodes} nodes, {edges} edges"
             else:
                 x, y, w, g = random_arrays(key, dtype, [(batch, d1), (batch, d2), (batch, nw), (batch, do)])
@@ -574,7 +614,8 @@ def main():
                 per_row = {"fwd": d1 + d2 + nw + do, "bwd": 2 * (d1 + d2 + nw) + do}
                 per_row["dbl"], per_row["dbl_staged"] = per_row["bwd"], per_row["bwd"] + 2 * (d1 + d2)
                 bound_bytes = {p: item * (n if p.startswith("dbl") else batch) * v for p, v in per_row.items()}
-                impls = tp_impls(tp, spec, dtype)
+                impls = tp_impls(tp, tp_ir, spec, dtype)
+                roles = {p: ("in1", "in2", None, "out")[: len(v)] for p, v in args_of.items()}
                 sizes = f"B={batch} (dbl {n}); {d1}, {d2}, {do}, w {nw}"
             row = {
                 "problem": f"{name} @ {graph_kind}" if a.conv else name, "dtype": dtype, "kind": spec[0], "dims": [d1, d2, do], "weight_numel": nw,
@@ -586,7 +627,11 @@ def main():
                 if wanted and impl_name not in wanted:
                     continue
                 print(f"  {impl_name}", flush=True)
-                row["impls"][impl_name], kept[impl_name] = run_impl(build, passes, args_of, repeat, calls, keep="fwd")
+                ir_mul = impl_name.endswith(IR_MUL)  # the same values, stored in ir_mul
+                impl_args = {p: in_layout(tp.descriptor, v, roles[p]) for p, v in args_of.items()} if ir_mul else args_of
+                row["impls"][impl_name], z = run_impl(build, passes, impl_args, repeat, calls, keep="fwd")
+                kept[impl_name] = in_layout(tp.descriptor, (z,), ("out",), back=True)[0] if ir_mul and z is not None else z
+                del impl_args
             ref = kept.get("e3nn")
             for impl_name, z in kept.items():
                 if impl_name.startswith("jequi-") and z is not None and ref is not None:

@@ -7,6 +7,7 @@
         [--forward-accumulators auto,64,128] [--cotangent-layout ir_mul,mul_ir]
         [--backward-chunks auto,1,2,4] [--channel-windows auto,1,2] [--fma 1,0]
         [--chained-forward auto,0,1] [--fused-forward auto,0,1] [--no-backward] [--dbl-batch 20000]
+        [--layouts mul_ir,ir_mul]
 
 Knobs (module constants): EDGES_PER_STEP (edges per loop step), ACCUMULATOR_REGISTERS (the
 conv forward's output grouping, 32-bit registers per thread), EDGE_SPLITS (programs per row's
@@ -26,6 +27,7 @@ instruction) of pallas_kernels.lowering. Prints conv fwd and fwd+bwd ms per sett
 --no-conv), with --tp-batch the batched product's too, and with --dbl-batch the batched
 product's double backward (gpu_benchmark.py's dbl) on that many of those rows. --channelwise
 adds a product of one's own irreps (jequi.channelwise), e.g. a model's convolution.
+--layouts builds every product in each of these layouts (x, y, z and the conv's node arrays).
 """
 
 from __future__ import annotations
@@ -101,6 +103,7 @@ def main():
     ap.add_argument("--dbl-batch", type=int, default=0, help="also time the batched product's double backward")
     ap.add_argument("--conv", action=argparse.BooleanOptionalAction, default=True, help="time the conv")
     ap.add_argument("--backward", action=argparse.BooleanOptionalAction, default=True, help="time fwd+bwd too")
+    ap.add_argument("--layouts", default="mul_ir", help="comma list of the products' layouts (mul_ir, ir_mul)")
     defaults = {"steps": "1", "accumulators": "64", "forward_warps": "auto", "backward_warps": "auto", "lane_sums": "tile",
                 "edge_splits": "auto", "rows": "auto", "backward_groups": "auto", "forward_accumulators": "auto",
                 "cotangent_layout": conv.COTANGENT_LAYOUT, "backward_chunks": "auto", "channel_windows": "auto",
@@ -116,8 +119,11 @@ def main():
     atoms = build()
     graph = jequi.graph_from_atoms(atoms, cutoff)
     print(f"{a.graph}: {len(atoms)} atoms, {graph.num_edges} edges, edges_sorted={graph.edges_sorted}", flush=True)
-    products = {name: jequi.problems.get(name) for name in filter(None, a.problems.split(","))}
-    products.update({spec: jequi.channelwise(*spec.split(":")) for spec in a.channelwise})
+    products = {}
+    for layout in a.layouts.split(","):
+        tag = "" if layout == "mul_ir" else f" {layout}"
+        products.update({name + tag: jequi.problems.get(name, layout=layout) for name in filter(None, a.problems.split(","))})
+        products.update({spec + tag: jequi.channelwise(*spec.split(":"), layout=layout) for spec in a.channelwise})
     for name, tp in products.items():
         d1, d2, do = tp.descriptor.dims
         n, e, b = len(atoms), graph.num_edges, a.tp_batch

@@ -28,10 +28,13 @@ PROBLEMS = {
     ),
     "uuw": lambda: jequi.TensorProduct("3x1o", "3x1e", "5x1o", [(0, 0, 0, "uuw", True)]),
     "l6": lambda: jequi.channelwise("2x6e", "0e+1o+6e", "0e+5o+6e"),
+    "uvu-ir_mul": lambda: jequi.channelwise("3x0e+2x1o+5x2e", "0e+1o+2e", "0e+1o+2e+3o", layout="ir_mul"),
 }
 if ON_GPU:
     for n in ("mace-large", "nequip-oam-main", "nequix-first", "diffdock-l2", "tetris-poly-1", "tetris-1-sc"):
         PROBLEMS[n] = functools.partial(jequi.problems.get, n)
+    for n in ("mace-large", "nequip-oam-main"):  # one-warp forwards (num_warps)
+        PROBLEMS[n + "-ir_mul"] = functools.partial(jequi.problems.get, n, layout="ir_mul")
 
 TOL = {np.float32: 5e-5, np.float64: 1e-11}
 
@@ -345,13 +348,17 @@ def test_lane_sums_as_tile(name, min_lanes, fresh_kernels, monkeypatch):
     assert_close(jax.grad(loss("pallas"))(y), jax.grad(loss("xla"))(y), 1e-11, "conv d/dy")
 
 
-def test_backward_warps():
-    """One warp per backward program for channelwise products (gy's lane sums in shuffles);
-    products with uvw tiles keep the forward's warps."""
+def test_warps():
+    """One warp per backward program for channelwise products (gy's lane sums in shuffles),
+    and per forward program in the ir_mul layout; products with uvw tiles keep the forward's
+    warps."""
     warps = pallas_kernels.tensor_product.num_warps
     mace, fc = (jequi.problems.get(n).descriptor.trilinear for n in ("mace-large", "tetris-1-lin2"))
     assert (warps(mace), warps(mace, backward=True)) == (4, 1)
     assert warps(fc, backward=True) == warps(fc) == 4
+    mace_ir, fc_ir = (jequi.problems.get(n, layout="ir_mul").descriptor.trilinear for n in ("mace-large", "tetris-1-lin2"))
+    assert (warps(mace_ir), warps(mace_ir, backward=True)) == (1, 1)
+    assert warps(fc_ir) == 4
 
 
 def test_lane_tile_sum_order():
