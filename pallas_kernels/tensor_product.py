@@ -517,11 +517,11 @@ def channel_windows(desc, dtype) -> list[tuple[int, int] | None]:
     return [(a, a + width) for a in range(0, widest, width)]
 
 
-def output_groups(desc, per_thread: int) -> list[list[int]]:
+def output_groups(desc, per_thread: int, warps: int) -> list[list[int]]:
     """Output segments in consecutive groups of at most `per_thread` elements per thread of a
-    forward program (:func:`num_warps`), each a program of its own (whose outputs stay in
+    forward program of `warps` warps, each a program of its own (whose outputs stay in
     registers until its stores); a segment larger than the budget is a group alone."""
-    budget = per_thread * 32 * num_warps(desc)
+    budget = per_thread * 32 * warps
     groups, size = [[]], 0
     for s, seg in enumerate(desc.out):
         if groups[-1] and size + seg.size > budget:
@@ -589,7 +589,8 @@ def num_warps(desc, backward: bool = False) -> int:
     width rule) -> 1): batched at 50,000 rows, float32 MACE-large 0.789 -> 0.658, MACE-medium
     0.297 -> 0.273, NequIP-OAM 0.546 -> 0.437, NequIP-LiPS (32 channels: one warp either
     way) 0.304 / 0.293; float64 NequIP-OAM 1.532 -> 0.802, MACE-large 1.323 -> 1.328; the
-    MACE-large conv on the carbon lattice, float32, 1.213 -> 1.098 (fwd+bwd 4.446 -> 4.337)."""
+    MACE-large conv on the carbon lattice, float32, 1.213 -> 1.098 (fwd+bwd 4.446 -> 4.337; its
+    float64 forward runs two, :func:`pallas_kernels.conv.forward_warps`)."""
     knob = BACKWARD_WARPS if backward else FORWARD_WARPS
     if knob is not None:
         return knob
@@ -597,8 +598,12 @@ def num_warps(desc, backward: bool = False) -> int:
     channelwise = bool(modes) and modes <= {"uvu", "uuu"}
     if channelwise and (backward and "uvu" in modes or not backward and desc.layout == "ir_mul"):
         return 1
-    widest = max((size for s in (*desc.in1, *desc.out) for _, size in chunks(s.mul)), default=32)
-    return max(1, min(4, widest // 32))
+    return max(1, min(4, widest_chunk(desc) // 32))
+
+
+def widest_chunk(desc) -> int:
+    """The most channels of one vector (:func:`chunks`) in the product's x and z rows."""
+    return max((size for s in (*desc.in1, *desc.out) for _, size in chunks(s.mul)), default=32)
 
 
 # The kernels compute sums of trilinear terms (:mod:`jequi.autodiff`): a term names its
@@ -653,9 +658,9 @@ def forward_groups(desc, dtype) -> list[list[int]]:
     float64 41.2 (one program, an earlier process) / 6.13 (groups of 64) -> 4.32 (side by side).
     Groups under a budget (32-128 per thread) were no better than one of the two."""
     if FORWARD_ACCUMULATORS is not None:
-        return output_groups(desc, FORWARD_ACCUMULATORS)
+        return output_groups(desc, FORWARD_ACCUMULATORS, num_warps(desc))
     if jnp.dtype(dtype) == jnp.float64 or desc.dims[2] > FORWARD_OUTPUTS_PER_THREAD * 32 * num_warps(desc):
-        return output_groups(desc, 0)
+        return output_groups(desc, 0, num_warps(desc))
     return [list(range(len(desc.out)))]
 
 

@@ -359,6 +359,10 @@ def test_warps():
     mace_ir, fc_ir = (jequi.problems.get(n, layout="ir_mul").descriptor.trilinear for n in ("mace-large", "tetris-1-lin2"))
     assert (warps(mace_ir), warps(mace_ir, backward=True)) == (1, 1)
     assert warps(fc_ir) == 4
+    conv_warps = pallas_kernels.conv.forward_warps
+    assert [conv_warps(d, t) for d in (mace, mace_ir) for t in (np.float32, np.float64)] == [4, 4, 1, 2]
+    narrow_ir = jequi.problems.get("nequip-lips", layout="ir_mul").descriptor.trilinear
+    assert conv_warps(narrow_ir, np.float64) == 1
 
 
 def test_lane_tile_sum_order():
