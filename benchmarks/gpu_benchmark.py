@@ -10,8 +10,8 @@ Every available jequi backend, e3nn-jax (``legacy.FunctionalTensorProduct`` unde
 ``jax.vmap``), cuEquivariance-JAX (``segmented_polynomial``) and OpenEquivariance's JAX
 extension run in this one process on the same random inputs, under ``jax.jit``. A peer that
 cannot be imported or fails is reported as n/a with the reason. ``jequi-pallas-ir_mul`` is
-jequi in cuEquivariance's ``ir_mul`` layout, on the same values stored so (``--layouts``);
-the speedup table compares each peer with jequi in the peer's layout. Passes:
+jequi in cuEquivariance's ``ir_mul`` layout, on the same values stored so (``--no-ir-mul``
+leaves it out); the speedup table compares each peer with jequi in the peer's layout. Passes:
 
 * ``fwd``: ``tp(x, y, w)``;
 * ``bwd``: ``jax.grad`` of ``vdot(tp(x, y, w), g)`` w.r.t. (x, y, w);
@@ -325,27 +325,26 @@ def conv_graph(kind, nodes, edges):
     return s[order].astype(np.int32), r[order].astype(np.int32), n, text
 
 
-def conv_checks(impls, args, dtype):
-    """Bitwise determinism of jequi's Pallas conv in both layouts (3 runs of fwd and
-    fwd+bwd) and, in f32, the error of the plain and Kahan sums against the same inputs in
-    f64."""
+def conv_checks(impls, chosen, args_of, dtype):
+    """Bitwise determinism of the `chosen` jequi Pallas convs (3 runs of fwd and fwd+bwd, on
+    their arguments ``args_of(name)``) and, in f32, the error of the plain and Kahan sums
+    against the same inputs in f64 (the ``jequi-xla`` reference of `impls`)."""
     checks = {}
-    if "jequi-pallas" not in impls:
-        return checks
-    x, y, w, s, r, graph, g = args
     for name in ("jequi-pallas", "jequi-pallas" + IR_MUL):
-        if name not in impls:
+        if name not in chosen:
             continue
         f = impls[name]()[0][1]
         for pname, make in conv_passes().items():
             fn = jax.jit(make(f))
-            runs = [jax.tree.leaves(jax.block_until_ready(fn(*args))) for _ in range(3)]
+            runs = [jax.tree.leaves(jax.block_until_ready(fn(*args_of(name)))) for _ in range(3)]
             same = all(all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(runs[0], run)) for run in runs[1:])
             checks[f"{name} {pname} bitwise identical over 3 runs"] = str(same)
-    if dtype == "float32":
+    plain = [n for n in ("jequi-pallas", "jequi-pallas-kahan") if n in chosen]
+    if dtype == "float32" and plain and "jequi-xla" in impls:
+        x, y, w, s, r, graph, _ = args_of("jequi-pallas")
         hi = [a.astype(jnp.float64) for a in (x, y, w)]
         exact = np.asarray(jax.jit(lambda x, y, w: impls["jequi-xla"]()[0][1](x, y, w, s, r, graph))(*hi))
-        for name in ("jequi-pallas", "jequi-pallas-kahan"):
+        for name in plain:
             got = np.asarray(jax.jit(impls[name]()[0][1])(x, y, w, s, r, graph), np.float64)
             err = np.abs(got - exact).max() / np.abs(exact).max()
             checks[f"{name} fwd vs float64, max|diff|/max|out|"] = f"{err:.2e}"
@@ -387,24 +386,33 @@ def device_slug(kind):
 
 
 def best_jequi(impls, pname, layout=None):
-    """``(ms, name)`` of the fastest jequi implementation of a pass; with `layout`, of those run
-    in that layout when there are any."""
+    """``(ms, name)`` of the fastest jequi implementation of a pass (with `layout`, of those
+    run in that layout); ``(None, None)`` when there is none."""
     cands = [(c[pname]["ms"], n) for n, c in impls.items() if n.startswith("jequi-") and "ms" in c.get(pname, {})]
     if layout is not None:
-        cands = [c for c in cands if c[1].endswith(IR_MUL) == (layout == "ir_mul")] or cands
+        cands = [c for c in cands if c[1].endswith(IR_MUL) == (layout == "ir_mul")]
     return min(cands) if cands else (None, None)
 
 
-def in_layout(desc, arrays, roles, back=False):
-    """`arrays` (e3nn's ``mul_ir``) in ``ir_mul``, or back with `back`; `roles` names each
-    array's irreps (``"in1"``, ``"in2"``, ``"out"``; None: passed through)."""
-    out = []
-    for a, role in zip(arrays, roles):
-        if role is not None:
-            positions = layout_positions(getattr(desc, role), "ir_mul")  # a_ir[..., positions] = a
-            a = a[..., positions] if back else a[..., np.argsort(positions)]
-        out.append(a)
-    return tuple(out)
+def speedups(row, peers, pname) -> dict:
+    """``{peer: (peer ms / jequi ms, same layout)}`` for one pass of a result row: jequi in the
+    peer's layout (:data:`PEER_LAYOUTS`), or, where none ran in it, in any layout."""
+    out = {}
+    for q in peers:
+        cell = row["impls"].get(q, {}).get(pname, {})
+        mine, _ = best_jequi(row["impls"], pname, PEER_LAYOUTS[q])
+        same = mine is not None
+        mine = mine if same else best_jequi(row["impls"], pname)[0]
+        if mine and "ms" in cell:
+            out[q] = (cell["ms"] / mine, same)
+    return out
+
+
+def in_layout(desc, a, role, back=False):
+    """Array `a` (e3nn's ``mul_ir``) in ``ir_mul``, or back with `back`; `role` names its
+    irreps (``"in1"``, ``"in2"``, ``"out"``)."""
+    positions = layout_positions(getattr(desc, role), "ir_mul")  # a_ir[..., positions] = a
+    return a[..., positions] if back else a[..., np.argsort(positions)]
 
 
 def fmt_ms(cell):
@@ -446,18 +454,17 @@ def markdown(result, passes):
         for k, v in r.get("checks", {}).items():
             notes.append(f"{r['problem']} {r['dtype']} check {k}: {v}")
     peers = [p for p in PEERS if any(p in r["impls"] for r in rows)]
+    layouts = "".join(f"; {p} {PEER_LAYOUTS[p]}" for p in peers)
     out += ["", "Speedup of jequi's best backend in each peer's layout over the peer (peer ms / jequi ms, > 1: "
-            "jequi faster; cuex in ir_mul, the others in mul_ir), " + " / ".join(passes) + ":", ""]
+            f"jequi faster{layouts}; *: no jequi ran in that layout, the other's), " + " / ".join(passes) + ":", ""]
     out += ["| problem | dtype | jequi best | " + " | ".join(f"vs {p}" for p in peers) + " |", "|" + "---|" * (3 + len(peers))]
     for r in rows:
         best = {p: best_jequi(r["impls"], p) for p in passes}
-        cells = []
-        for peer_name in peers:
-            pc = r["impls"].get(peer_name, {})
-            mine = {p: best_jequi(r["impls"], p, PEER_LAYOUTS[peer_name])[0] for p in passes}
-            cells.append(" / ".join(
-                f"{pc[p]['ms'] / mine[p]:.2f}x" if mine[p] and "ms" in pc.get(p, {}) else "n/a" for p in passes
-            ))
+        ratios = {p: speedups(r, peers, p) for p in passes}
+        cells = [
+            " / ".join(f"{ratios[p][q][0]:.2f}x" + ("" if ratios[p][q][1] else "*") if q in ratios[p] else "n/a" for p in passes)
+            for q in peers
+        ]
         label = " / ".join(f"{best[p][1][6:]} {best[p][0]:.3f}" if best[p][0] else "n/a" for p in passes)
         out.append(f"| {r['problem']} | {r['dtype']} | {label} | " + " | ".join(cells) + " |")
     if notes:
@@ -478,8 +485,7 @@ def plot(result, passes, path):
     groups = []
     for r in result["rows"]:
         for p in passes:
-            mine = {q: best_jequi(r["impls"], p, PEER_LAYOUTS[q])[0] for q in peers}
-            sp = {q: r["impls"][q][p]["ms"] / mine[q] for q in peers if mine[q] and "ms" in r["impls"].get(q, {}).get(p, {})}
+            sp = {q: ratio for q, (ratio, _) in speedups(r, peers, p).items()}
             if sp:
                 groups.append((f"{r['problem']}\n{r['dtype'][5:]} {p}", sp))
     peers = [q for q in peers if any(q in sp for _, sp in groups)]
@@ -529,7 +535,8 @@ def main():
     ap.add_argument("--repeat", type=int, default=None, help="repetitions, median taken (default 5)")
     ap.add_argument("--calls", type=int, default=None, help="calls per repetition (default 10)")
     ap.add_argument("--impls", help="comma list of implementations to run (jequi-<backend>, jequi-pallas-ir_mul, e3nn, cuex, oeq, oeq-det)")
-    ap.add_argument("--layouts", default="mul_ir,ir_mul", help="jequi's layouts: mul_ir, and ir_mul for jequi-pallas-ir_mul")
+    ap.add_argument("--ir-mul", action=argparse.BooleanOptionalAction, default=True,
+                    help="also run jequi-pallas-ir_mul (jequi in cuEquivariance's layout)")
     ap.add_argument("--passes", help="comma list of passes to run (default all: fwd,bwd,dbl; with --conv fwd,fwd+bwd)")
     ap.add_argument("--conv", action="store_true", help="fused convolution on real structures' graphs instead")
     ap.add_argument("--graphs", default="carbon,water", help="--conv: comma list of carbon, water, random")
@@ -591,7 +598,7 @@ def main():
             edges = senders.shape[0]
         spec = jequi.problems.CATALOGUE[name]
         tp = jequi.problems.get(name)
-        tp_ir = jequi.problems.get(name, layout="ir_mul") if "ir_mul" in a.layouts.split(",") else None
+        tp_ir = jequi.problems.get(name, layout="ir_mul") if a.ir_mul else None
         d1, d2, do = tp.descriptor.dims
         nw = tp.weight_numel
         for dtype in dtypes:
@@ -622,26 +629,35 @@ def main():
                 "sizes": sizes, "bound_bytes": bound_bytes, "bound_ms": {p: 1e3 * b / bw for p, b in bound_bytes.items()},
                 "impls": {}, "checks": {},
             }
+            chosen = [n for n in impls if not wanted or n in wanted]
+            ir_args = None
+            if any(n.endswith(IR_MUL) for n in chosen):  # the same values stored in ir_mul, each array once
+                converted = {}
+                ir_args = {
+                    p: tuple(a if role is None else converted.setdefault(id(a), in_layout(tp.descriptor, a, role))
+                             for a, role in zip(v, roles[p]))
+                    for p, v in args_of.items()
+                }  # fmt: skip
             kept = {}
-            for impl_name, build in impls.items():
-                if wanted and impl_name not in wanted:
-                    continue
+            for impl_name in chosen:
                 print(f"  {impl_name}", flush=True)
-                ir_mul = impl_name.endswith(IR_MUL)  # the same values, stored in ir_mul
-                impl_args = {p: in_layout(tp.descriptor, v, roles[p]) for p, v in args_of.items()} if ir_mul else args_of
-                row["impls"][impl_name], z = run_impl(build, passes, impl_args, repeat, calls, keep="fwd")
-                kept[impl_name] = in_layout(tp.descriptor, (z,), ("out",), back=True)[0] if ir_mul and z is not None else z
-                del impl_args
-            ref = kept.get("e3nn")
+                ir_mul = impl_name.endswith(IR_MUL)
+                row["impls"][impl_name], z = run_impl(impls[impl_name], passes, ir_args if ir_mul else args_of, repeat, calls, keep="fwd")
+                kept[impl_name] = in_layout(tp.descriptor, z, "out", back=True) if ir_mul and z is not None else z
+            # e3nn-jax is the reference; without it, jequi's xla backend, then its mul_ir Pallas kernels
+            ref_name = next((n for n in ("e3nn", "jequi-xla", "jequi-pallas") if kept.get(n) is not None), None)
             for impl_name, z in kept.items():
-                if impl_name.startswith("jequi-") and z is not None and ref is not None:
+                if impl_name.startswith("jequi-") and impl_name != ref_name and z is not None and ref_name:
+                    ref = kept[ref_name]
                     err = float(np.max(np.abs(z - ref)) / max(np.max(np.abs(ref)), 1e-30))
-                    row["checks"][f"{impl_name} vs e3nn fwd, first {CHECK_ROWS} rows, max|diff|/max|z|"] = f"{err:.1e}"
+                    row["checks"][f"{impl_name} vs {ref_name} fwd, first {CHECK_ROWS} rows, max|diff|/max|z|"] = f"{err:.1e}"
             if a.conv:
-                row["checks"].update(conv_checks(impls, args, dtype))
+                args_for = {n: ir_args["fwd"] if n.endswith(IR_MUL) else args for n in chosen}
+                row["checks"].update(conv_checks(impls, chosen, args_for.get, dtype))
+                del args_for
                 print(f"  checks {row['checks']}", flush=True)
             result["rows"].append(row)
-            del x, y, w, g, args_of, kept
+            del x, y, w, g, args_of, ir_args, kept
             args = None
             write(result, list(passes), pathlib.Path(a.out), stem, final=False)  # partial results survive a timeout
 

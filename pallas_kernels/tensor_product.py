@@ -585,12 +585,17 @@ def num_warps(desc, backward: bool = False) -> int:
     The forward of a channelwise product in the ``ir_mul`` layout runs one warp too: a
     component's channels are contiguous there, and a thread that owns several neighbouring
     channels loads and stores them as one vector (in ``mul_ir`` they are strided by the
-    irrep's dimension, and one warp was 3-4x slower). Measured (H200, fwd ms, 4 warps (the
+    irrep's dimension, and one warp was 1.7-3.7x slower). With one warp a float32 row has 4x
+    the outputs per thread, so :func:`forward_groups` gives MACE-large (and NequIP-OAM) a
+    program per output segment: the measurements below are of both changes together, through
+    the :data:`FORWARD_WARPS` knob. Measured (H200, fwd ms, 4 warps (the
     width rule) -> 1): batched at 50,000 rows, float32 MACE-large 0.789 -> 0.658, MACE-medium
     0.297 -> 0.273, NequIP-OAM 0.546 -> 0.437, NequIP-LiPS (32 channels: one warp either
     way) 0.304 / 0.293; float64 NequIP-OAM 1.532 -> 0.802, MACE-large 1.323 -> 1.328; the
     MACE-large conv on the carbon lattice, float32, 1.213 -> 1.098 (fwd+bwd 4.446 -> 4.337; its
-    float64 forward runs two, :func:`pallas_kernels.conv.forward_warps`)."""
+    float64 forward runs two, :func:`pallas_kernels.conv.forward_warps`). Products 64
+    channels wide (NequIP-benzene, NequIP-revMD17, Nequix's first layer: 2 warps by width)
+    get the rule unmeasured."""
     knob = BACKWARD_WARPS if backward else FORWARD_WARPS
     if knob is not None:
         return knob
