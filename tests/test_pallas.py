@@ -84,6 +84,23 @@ def test_conv(name):
         assert_close(a, b, 1e-11)
 
 
+@pytest.mark.skipif(not ON_GPU, reason="GPU-sized: MACE-large's conv forward on one warp (float32) and two (float64)")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_conv_ir_mul_warps(dtype):
+    """The conv in the ir_mul layout, 128 channels wide, where its forward runs one warp in
+    float32 and two in float64 (conv.forward_warps): values and gradients as the reference."""
+    tp = PROBLEMS["mace-large-ir_mul"]()
+    rng = np.random.default_rng(5)
+    n, e = 100, 1500
+    x, y, w = (rng.normal(size=s).astype(dtype) for s in ((n, tp.irreps_in1.dim), (e, tp.irreps_in2.dim), (e, tp.weight_numel)))
+    s, r = rng.integers(0, n, e), rng.integers(0, n, e)
+    conv = lambda b: lambda x, y, w: tp.conv(x, y, w, s, r, n, backend=b)  # noqa: E731
+    assert_close(conv("pallas")(x, y, w), conv("xla")(x, y, w), TOL[dtype], "forward")
+    loss = lambda b: lambda x, y, w: jnp.sum(jnp.sin(conv(b)(x, y, w)))  # noqa: E731
+    for a, b in zip(jax.grad(loss("pallas"), argnums=(0, 1, 2))(x, y, w), jax.grad(loss("xla"), argnums=(0, 1, 2))(x, y, w)):
+        assert_close(a, b, TOL[dtype])
+
+
 def test_conv_output_groups_and_determinism(monkeypatch):
     """Wide outputs are split over programs (here forced to many); the result is
     the same, and bitwise the same from run to run."""
