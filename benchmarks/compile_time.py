@@ -50,9 +50,7 @@ def main():
     a = ap.parse_args()
     if a.dtype == "float64":
         jax.config.update("jax_enable_x64", True)
-    build, cutoff = structures.STRUCTURES[a.graph]
-    atoms = build()
-    graph = jequi.graph_from_atoms(atoms, cutoff)
+    atoms, _, graph = structures.radius_graph(a.graph)
     print(f"{a.graph}: {len(atoms)} atoms, {graph.num_edges} edges; {jax.devices()[0].device_kind}", flush=True)
     for name in a.problems.split(","):
         tp = jequi.problems.get(name, layout=a.layout)

@@ -316,9 +316,7 @@ def conv_graph(kind, nodes, edges):
     else:
         import structures
 
-        build, cutoff = structures.STRUCTURES[kind]
-        atoms = build()
-        g = jequi.graph_from_atoms(atoms, cutoff)
+        atoms, cutoff, g = structures.radius_graph(kind)
         s, r, n = np.asarray(g.senders), np.asarray(g.receivers), len(atoms)
         text = f"{kind} {atoms.get_chemical_formula()}, {cutoff} A"
     order = np.lexsort((s, r))

@@ -40,3 +40,13 @@ def copper_crystal(repeat: int = 5):
 
 
 STRUCTURES = {"carbon": (carbon_lattice, 6.0), "water": (water_box, 5.0), "copper": (copper_crystal, 4.5)}
+
+
+def radius_graph(name: str):
+    """``(atoms, cutoff, graph)``: the named structure of :data:`STRUCTURES` and its
+    :func:`jequi.graph_from_atoms` radius graph at the structure's cutoff."""
+    import jequi
+
+    build, cutoff = STRUCTURES[name]
+    atoms = build()
+    return atoms, cutoff, jequi.graph_from_atoms(atoms, cutoff)

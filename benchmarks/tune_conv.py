@@ -115,9 +115,7 @@ def main():
         ap.error("--dbl-batch takes its rows from the --tp-batch ones: give --tp-batch at least as large")
     if a.dtype == "float64":
         jax.config.update("jax_enable_x64", True)
-    build, cutoff = structures.STRUCTURES[a.graph]
-    atoms = build()
-    graph = jequi.graph_from_atoms(atoms, cutoff)
+    atoms, _, graph = structures.radius_graph(a.graph)
     print(f"{a.graph}: {len(atoms)} atoms, {graph.num_edges} edges, edges_sorted={graph.edges_sorted}", flush=True)
     products = {}
     for layout in a.layouts.split(","):
