@@ -42,6 +42,7 @@ from .tensor_product import (
     add_parts,
     backward_row,
     backward_terms,
+    channelwise,
     forward_values,
     inactive_paths,
     input_groups,
@@ -172,19 +173,18 @@ def conv_output_groups(desc, dtype) -> list[list[int]]:
 
 
 def forward_warps(desc, dtype) -> int:
-    """Warps per forward program: :func:`~.tensor_product.num_warps`, but two where it gives
-    one warp to a float64 product in ``ir_mul`` that is at least 64 channels wide. The sums get
-    :data:`ACCUMULATOR_REGISTERS` per thread, and a float64 sum takes two: one warp splits the
-    outputs over twice the programs of two, each repeating the edge loop's index, x and y
-    loads. Measured (H200, MACE-large on the carbon lattice, ``ir_mul``, fwd ms with 1 / 2 / 4
-    warps): float64 2.645 / 2.019 / 2.643; float32 1.101 / 1.255 / 1.213."""
-    warps = num_warps(desc)
-    if (
-        tensor_product.FORWARD_WARPS is None and warps == 1 and desc.layout == "ir_mul"
-        and jnp.dtype(dtype) == jnp.float64 and widest_chunk(desc) >= 64
-    ):  # fmt: skip
-        return 2
-    return warps
+    """Warps per forward program: :func:`~.tensor_product.num_warps`, but for a channelwise
+    product in ``ir_mul`` one warp, or two in float64 when it is at least 128 channels wide.
+    A program walks a whole row's edges, enough work per warp that one warp holding several
+    neighbouring channels per thread pays even where the batched forward prefers the width
+    rule. The sums get :data:`ACCUMULATOR_REGISTERS` per thread, and a float64 sum takes two:
+    one warp splits MACE-large's outputs over twice the programs of two, each repeating the
+    edge loop's index, x and y loads. Measured (H200, the carbon lattice, ``ir_mul``, fwd ms
+    with 1 / 2 / 4 warps): MACE-large float64 2.645 / 2.019 / 2.643, float32 1.101 / 1.255 /
+    1.213; NequIP-benzene (64 channels) float64 5.363 / 5.911 / -, float32 2.698 / 3.001 / -."""
+    if tensor_product.FORWARD_WARPS is None and channelwise(desc) and desc.layout == "ir_mul":
+        return 2 if jnp.dtype(dtype) == jnp.float64 and widest_chunk(desc) >= 128 else 1
+    return num_warps(desc)
 
 
 # The backward reads, per edge, the output cotangent's row of the edge's receiver, a vector

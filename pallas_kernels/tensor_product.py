@@ -582,28 +582,35 @@ def num_warps(desc, backward: bool = False) -> int:
     paths keep the forward's warps: their 2-D ``(u, w)`` tiles would not fit one warp's
     registers.
 
-    The forward of a channelwise product in the ``ir_mul`` layout runs one warp too: a
-    component's channels are contiguous there, and a thread that owns several neighbouring
-    channels loads and stores them as one vector (in ``mul_ir`` they are strided by the
-    irrep's dimension, and one warp was 1.7-3.7x slower). With one warp a float32 row has 4x
-    the outputs per thread, so :func:`forward_groups` gives MACE-large (and NequIP-OAM) a
-    program per output segment: the measurements below are of both changes together, through
-    the :data:`FORWARD_WARPS` knob. Measured (H200, fwd ms, 4 warps (the
-    width rule) -> 1): batched at 50,000 rows, float32 MACE-large 0.789 -> 0.658, MACE-medium
-    0.297 -> 0.273, NequIP-OAM 0.546 -> 0.437, NequIP-LiPS (32 channels: one warp either
-    way) 0.304 / 0.293; float64 NequIP-OAM 1.532 -> 0.802, MACE-large 1.323 -> 1.328; the
-    MACE-large conv on the carbon lattice, float32, 1.213 -> 1.098 (fwd+bwd 4.446 -> 4.337; its
-    float64 forward runs two, :func:`pallas_kernels.conv.forward_warps`). Products 64
-    channels wide (NequIP-benzene, NequIP-revMD17, Nequix's first layer: 2 warps by width)
-    get the rule unmeasured."""
+    The forward of a channelwise product in the ``ir_mul`` layout at least 128 channels wide
+    runs one warp too: a component's channels are contiguous there, and a thread that owns
+    several neighbouring channels loads and stores them as one vector (in ``mul_ir`` they are
+    strided by the irrep's dimension, and one warp was 1.7-3.7x slower). With one warp a
+    float32 row has 4x the outputs per thread, so :func:`forward_groups` gives MACE-large (and
+    NequIP-OAM) a program per output segment: the measurements below are of both changes
+    together, through the :data:`FORWARD_WARPS` knob. Measured (H200, fwd ms, 4 warps (the
+    width rule) -> 1): batched at 50,000 rows, float32 MACE-large 0.789 -> 0.658 (2 warps:
+    0.657), MACE-medium 0.297 -> 0.273, NequIP-OAM 0.546 -> 0.437, NequIP-LiPS (32 channels:
+    one warp either way) 0.304 / 0.293; float64 NequIP-OAM 1.532 -> 0.802, MACE-large 1.323 ->
+    1.328; the MACE-large conv on the carbon lattice, float32, 1.213 -> 1.098 (fwd+bwd 4.446 ->
+    4.337). Narrower products keep the width rule (two warps for 64 channels): NequIP-benzene,
+    64 channels, batched fwd ms with 1 / 2 warps, float32 2.180 / 1.698, float64 3.768 /
+    3.201. The conv forward has its own rule, :func:`pallas_kernels.conv.forward_warps`."""
     knob = BACKWARD_WARPS if backward else FORWARD_WARPS
     if knob is not None:
         return knob
-    modes = {p.mode for p in desc.active_paths}
-    channelwise = bool(modes) and modes <= {"uvu", "uuu"}
-    if channelwise and (backward and "uvu" in modes or not backward and desc.layout == "ir_mul"):
+    if channelwise(desc) and (
+        backward and "uvu" in {p.mode for p in desc.active_paths}
+        or not backward and desc.layout == "ir_mul" and widest_chunk(desc) >= 128
+    ):
         return 1
     return max(1, min(4, widest_chunk(desc) // 32))
+
+
+def channelwise(desc) -> bool:
+    """Whether every path of the product is ``uvu`` or ``uuu`` (vectors over channels)."""
+    modes = {p.mode for p in desc.active_paths}
+    return bool(modes) and modes <= {"uvu", "uuu"}
 
 
 def widest_chunk(desc) -> int:
@@ -755,9 +762,8 @@ def backward_groups(desc, dtype) -> list[tuple[list[int], list]]:
     segments of one channel) 0.85 -> 1.05; float64 tetris-poly-1 1.91 -> 2.16."""
     grouped = BACKWARD_GROUPS
     if grouped is None:
-        channelwise = {p.mode for p in desc.active_paths} <= {"uvu", "uuu"}
         wide = all(seg.mul >= 8 for seg in desc.in1)
-        grouped = channelwise or (jnp.dtype(dtype) == jnp.float64 and wide)
+        grouped = channelwise(desc) or (jnp.dtype(dtype) == jnp.float64 and wide)
     return input_groups(desc) if grouped else [(list(range(len(desc.in1))), desc.active_paths)]
 
 

@@ -370,8 +370,8 @@ def test_lane_sums_as_tile(name, min_lanes, fresh_kernels, monkeypatch):
 
 def test_warps():
     """One warp per backward program for channelwise products (gy's lane sums in shuffles),
-    and per forward program in the ir_mul layout; products with uvw tiles keep the forward's
-    warps."""
+    and per forward program in the ir_mul layout from 128 channels (the conv's at any width,
+    but two for 128 channels in float64); products with uvw tiles keep the forward's warps."""
     warps = pallas_kernels.tensor_product.num_warps
     mace, fc = (jequi.problems.get(n).descriptor.trilinear for n in ("mace-large", "tetris-1-lin2"))
     assert (warps(mace), warps(mace, backward=True)) == (4, 1)
@@ -381,8 +381,10 @@ def test_warps():
     assert warps(fc_ir) == 4
     conv_warps = pallas_kernels.conv.forward_warps
     assert [conv_warps(d, t) for d in (mace, mace_ir) for t in (np.float32, np.float64)] == [4, 4, 1, 2]
-    narrow_ir = jequi.problems.get("nequip-lips", layout="ir_mul").descriptor.trilinear
-    assert conv_warps(narrow_ir, np.float64) == 1
+    lips_ir, benzene_ir = (jequi.problems.get(n, layout="ir_mul").descriptor.trilinear for n in ("nequip-lips", "nequip-benzene"))
+    assert warps(lips_ir) == conv_warps(lips_ir, np.float64) == 1
+    # 64 channels: the batched forward keeps the width rule, the conv's runs one warp
+    assert (warps(benzene_ir), conv_warps(benzene_ir, np.float32), conv_warps(benzene_ir, np.float64)) == (2, 1, 1)
 
 
 def test_lane_tile_sum_order():
