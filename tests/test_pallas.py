@@ -387,6 +387,22 @@ def test_warps():
     assert (warps(benzene_ir), conv_warps(benzene_ir, np.float32), conv_warps(benzene_ir, np.float64)) == (2, 1, 1)
 
 
+def test_default_backend(monkeypatch):
+    """xla on CPU; on GPU pallas for every product it runs, but xla for shared weights that a
+    uvw path contracts over several x channels (a weight matrix per path)."""
+    desc = lambda name: jequi.problems.get(name).descriptor.trilinear  # noqa: E731
+    unsupported = jequi.TensorProduct("3x1o", "2x1o", "2x2e", [(0, 0, 0, "uvv", True)]).descriptor.trilinear
+    if not ON_GPU:
+        assert jequi.default_backend() == jequi.default_backend(desc("mace-large")) == "xla"
+    monkeypatch.setattr(jequi.backends.jax, "default_backend", lambda: "gpu")
+    assert jequi.default_backend() == "pallas"
+    assert jequi.default_backend(unsupported) == "xla"
+    for name, shared in [("mace-large", False), ("mace-large", True), ("diffdock-l1", False), ("tetris-poly-1", True)]:
+        assert jequi.default_backend(desc(name), shared) == "pallas", (name, shared)
+    for name in ("diffdock-l1", "tetris-poly-2", "tetris-1-lin2"):
+        assert jequi.default_backend(desc(name), shared_weights=True) == "xla", name
+
+
 def test_lane_tile_sum_order():
     vectors = [jnp.asarray(np.random.default_rng(k).normal(size=32)) for k in range(16)]
     for n in (1, 2, 4, 16):

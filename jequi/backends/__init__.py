@@ -54,10 +54,11 @@ def available_backends() -> list[str]:
     return [name for name, b in BACKENDS.items() if b.available()]
 
 
-def resolve(name: str | None, desc) -> Backend:
-    """The backend called `name` for descriptor `desc`, or the default one."""
+def resolve(name: str | None, desc, shared_weights: bool = False) -> Backend:
+    """The backend called `name` for descriptor `desc`, or the default one for it (and for
+    weights shared by every row, `shared_weights`)."""
     if name is None:
-        name = default_backend(desc)
+        name = default_backend(desc, shared_weights)
     if name not in BACKENDS:
         raise ValueError(f"unknown backend {name!r}; known backends: {', '.join(BACKENDS)}")
     backend = BACKENDS[name]
@@ -67,17 +68,31 @@ def resolve(name: str | None, desc) -> Backend:
     return backend
 
 
-def default_backend(desc=None) -> str:
-    """The fastest correct backend for `desc` on the default JAX platform.
+def default_backend(desc=None, shared_weights: bool = False) -> str:
+    """The fastest correct backend for `desc` on the default JAX platform (with weights
+    shared by every row if `shared_weights`); without a descriptor, the platform's default
+    for the products the Pallas kernels run.
 
     Measured (benchmarks/results/2026-11-21-h200-tp.md): on GPU the Pallas kernels beat
-    ``xla`` on every problem measured (channelwise and ``uvw``), so they are the default for
-    every descriptor whose modes they run; on CPU always ``xla`` (Pallas runs interpreted).
+    ``xla`` on every problem measured with per-row weights (channelwise and ``uvw``), so they
+    are the default for every descriptor whose modes they run; on CPU always ``xla`` (Pallas
+    runs interpreted). With shared weights, a product whose ``uvw``/``uuw`` paths contract
+    over several ``x`` channels goes to ``xla``: the kernels read each path's whole
+    ``(u, w)`` weight block for every row, where XLA contracts the weights as matrix products
+    (:func:`contracts_shared_weights`; benchmarks/results/2026-11-22-h200-shared-weights.md).
     """
-    if jax.default_backend() == "gpu" and desc is not None:
-        try:
-            BACKENDS["pallas"].check(desc)
-            return "pallas"
-        except ValueError:
-            pass
-    return "xla"
+    if jax.default_backend() != "gpu":
+        return "xla"
+    if desc is None:
+        return "pallas"
+    try:
+        BACKENDS["pallas"].check(desc)
+    except ValueError:
+        return "xla"
+    return "xla" if shared_weights and contracts_shared_weights(desc) else "pallas"
+
+
+def contracts_shared_weights(desc) -> bool:
+    """Whether a ``uvw``/``uuw`` path of `desc` sums over more than one ``x`` channel (a
+    weight matrix per path rather than a vector over the output channels)."""
+    return any(p.mode in ("uvw", "uuw") and p.mul_in1 > 1 for p in desc.active_paths)
