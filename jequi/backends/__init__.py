@@ -79,7 +79,7 @@ def default_backend(desc=None, shared_weights: bool = False) -> str:
     runs interpreted). With shared weights, a product whose ``uvw``/``uuw`` paths contract
     over several ``x`` channels goes to ``xla``: the kernels read each path's whole
     ``(u, w)`` weight block for every row, where XLA contracts the weights as matrix products
-    (:func:`contracts_shared_weights`; benchmarks/results/2026-11-22-h200-shared-weights.md).
+    (:func:`contracts_shared_weights`; benchmarks/results/2026-11-22-h200-shared-weights-float32.md).
     """
     if jax.default_backend() != "gpu":
         return "xla"
