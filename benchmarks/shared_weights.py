@@ -30,7 +30,7 @@ import jequi
 BACKENDS = ("xla", "pallas")
 
 
-def time_backends(tp, op, args, g) -> dict:
+def time_backends(op, args, g) -> dict:
     """{backend: {fwd, bwd ms and compile s}} of ``op(backend)(x, y, w)``."""
     out = {}
     for b in BACKENDS:
@@ -72,7 +72,7 @@ def main():
             op = lambda b, tp=tp: lambda x, y, w: tp(x, y, w, backend=b)  # noqa: E731
         row = {"kind": kind, "problem": name, "weight_numel": tp.weight_numel,
                "default": jequi.default_backend(tp.descriptor.trilinear, shared_weights=True),
-               **time_backends(tp, op, (x, y, w), g)}
+               **time_backends(op, (x, y, w), g)}
         result["rows"].append(row)
         print(json.dumps(row), flush=True)
         write(result, pathlib.Path(a.out), stem)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import time
 
-import e3nn_jax as e3nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -81,9 +80,7 @@ def main(argv=None):
     else:
         atoms, source = default_structure(), "embedded Cu3Au L1_2, 2x2x2 cells, rattled 0.08 A"
 
-    # the model's convolutions are channelwise products: the default backend of one of them
-    conv_tp = jequi.channelwise(config.hidden, e3nn.Irreps.spherical_harmonics(config.sh_lmax), config.hidden)
-    backend = a.backend or jequi.default_backend(conv_tp.descriptor.trilinear)
+    backend = a.backend or jequi.default_backend()
     config = NequIPConfig(**{**config.__dict__, "backend": backend})
     graph = jequi.graph_from_atoms(atoms, config.cutoff)
     species = config.species_index(atoms.numbers)
