@@ -19,7 +19,7 @@ from typing import Callable
 
 import jax
 
-from . import pallas, xla
+from . import cuda, pallas, xla
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +45,11 @@ BACKENDS: dict[str, Backend] = {
     "pallas": Backend(
         "pallas", pallas.forward, pallas.backward, pallas.conv_forward, pallas.conv_backward, pallas.check,
         supports_kahan=True, second=pallas.second, conv_second=pallas.conv_second,
+    ),
+    # GPU only (never the interpreter): CUDA kernels through the XLA FFI, channelwise products.
+    "cuda": Backend(
+        "cuda", cuda.forward, cuda.backward, cuda.conv_forward, cuda.conv_backward, cuda.check,
+        available=cuda.available,
     ),
 }
 

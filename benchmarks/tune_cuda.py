@@ -1,0 +1,94 @@
+"""The CUDA backend's kernels beside the Pallas ones on a real graph, and sweeps of their
+schedule knobs (GPU run, device tool).
+
+    python3 benchmarks/tune_cuda.py [--problems mace-large] [--graph carbon] [--dtype float32]
+        [--layouts mul_ir,ir_mul] [--backends cuda,pallas] [--tp-batch 50000] [--dbl-batch 20000]
+        [--forward-registers 64] [--batched-forward-registers 128] [--backward-warps 3]
+        [--smem-budget 65536] [--no-conv] [--no-backward]
+
+Knobs: the fields of ``ffi.schedule.Config`` (comma lists are swept) and
+``ffi.codegen.SMEM_BUDGET``. Prints, per product and setting, the conv's fwd and fwd+bwd ms
+(tune_conv.py's timings), the batched product's with ``--tp-batch``, its double backward with
+``--dbl-batch``, and the registers of each generated kernel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+
+import jax
+import structures
+from tune_conv import time_both, time_dbl
+
+import jequi
+from ffi import build, codegen, ops, schedule
+
+KNOBS = ("forward_registers", "batched_forward_registers", "backward_warps")
+
+
+def registers(desc, dtype) -> str:
+    """Registers per thread and threads per block of the kernels generated for `desc`."""
+    out = []
+    for (d, dt, kind, needs, shared), kernel in ops.generated.items():
+        if d == desc and dt == dtype:
+            usage = build.resources(build.cubin(kernel.source))
+            out.append(f"{kind}{'' if all(needs) else list(needs)}: {usage['registers']} x {kernel.threads}")
+    return ", ".join(out)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--problems", default="mace-large")
+    ap.add_argument("--graph", default="carbon")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--layouts", default="mul_ir")
+    ap.add_argument("--backends", default="cuda,pallas")
+    ap.add_argument("--tp-batch", type=int, default=0)
+    ap.add_argument("--dbl-batch", type=int, default=0)
+    ap.add_argument("--conv", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--backward", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--smem-budget", default=str(codegen.SMEM_BUDGET))
+    for k in KNOBS:
+        ap.add_argument("--" + k.replace("_", "-"), default=str(getattr(schedule.DEFAULT, k)))
+    a = ap.parse_args()
+    if a.dtype == "float64":
+        jax.config.update("jax_enable_x64", True)
+    atoms, _, graph = structures.radius_graph(a.graph)
+    print(f"{a.graph}: {len(atoms)} atoms, {graph.num_edges} edges", flush=True)
+    for name, layout in itertools.product(a.problems.split(","), a.layouts.split(",")):
+        tp = jequi.problems.get(name, layout=layout)
+        d1, d2, do = tp.descriptor.dims
+        n, e, b = len(atoms), graph.num_edges, a.tp_batch
+        shapes = [(n, d1), (e, d2), (e, tp.weight_numel), (n, do), (b, d1), (b, d2), (b, tp.weight_numel), (b, do)]
+        keys = jax.random.split(jax.random.key(0), len(shapes))
+        x, y, w, g, bx, by, bw, bg = (jax.random.normal(k, s, a.dtype) for k, s in zip(keys, shapes))
+        sweeps = [a.smem_budget.split(",")] + [getattr(a, k).split(",") for k in KNOBS]
+        for backend in a.backends.split(","):
+            for smem, *values in itertools.product(*sweeps) if backend == "cuda" else [(None,)]:
+                label = backend
+                if backend == "cuda":
+                    codegen.SMEM_BUDGET = int(smem)
+                    schedule.DEFAULT = dataclasses.replace(schedule.DEFAULT, **{k: int(v) for k, v in zip(KNOBS, values)})
+                    ops.clear()
+                    label += f" smem={smem} " + " ".join(f"{k}={v}" for k, v in zip(KNOBS, values))
+                jax.clear_caches()
+                line = f"{name} {layout} {a.dtype} {label}:"
+                try:
+                    if a.conv:
+                        line += " conv" + time_both(lambda x, y, w: tp.conv(x, y, w, graph, backend=backend), g, (x, y, w), a.backward)
+                    if b:
+                        line += " tp" + time_both(lambda x, y, w: tp(x, y, w, backend=backend), bg, (bx, by, bw), a.backward)
+                    if a.dbl_batch:
+                        k = a.dbl_batch
+                        line += time_dbl(lambda x, y, w: tp(x, y, w, backend=backend), bg[:k], (bx[:k], by[:k], bw[:k]))
+                except Exception as exc:  # noqa: BLE001 - report and go on with the next setting
+                    line += f" failed: {type(exc).__name__}: {str(exc)[:300]}"
+                if backend == "cuda":
+                    line += " | " + registers(tp.descriptor.trilinear, jax.numpy.dtype(a.dtype))
+                print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,525 @@
+"""CUDA source of jequi's kernels, generated per descriptor from its schedule.
+
+Four kinds, each one ``extern "C" __global__`` function named :data:`ENTRY`:
+
+* ``tp_forward`` / ``tp_backward``: the batched product; a block owns 32 rows.
+* ``conv_forward``: a block owns a receiver and walks its edges (receiver order) in chunks
+  of 32, keeping the sums in registers and writing the output row once.
+* ``conv_backward``: a block owns a sender and walks its edges (sender order); it writes
+  ``gy`` and ``gw`` per edge and the sender's ``gx`` once. One extra block zeroes the rows of
+  dropped edges (out-of-range indices), which no sender walks.
+
+Per chunk of 32 edges (rows) every warp first builds ``A`` (:mod:`.schedule`) for some of the
+chunk's terms, one edge per lane, with the CG coefficients as literals; after a barrier each
+warp runs its :class:`~.schedule.Program` over the chunk's edges, one channel per lane, reading
+``A`` from shared memory by broadcast. ``gy`` (a sum over channels) is reduced within a warp by
+a butterfly that halves the values each step, and across warps in a fixed order: every kernel
+is deterministic. Batches from ``jax.vmap`` arrive as grid rows ``blockIdx.y``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+
+import numpy as np
+
+from jequi.descriptor import Segment
+
+from . import schedule
+from .schedule import LANES, Program, Term
+
+ENTRY = "jequi_kernel"
+# Dynamic shared memory a block may take: the largest chunk (32, 16 or 8 edges, one per lane
+# while A is built) whose A table and gy partials fit in it.
+SMEM_BUDGET = 64 * 1024
+MAX_THREADS = 1024
+KINDS = ("tp_forward", "tp_backward", "conv_forward", "conv_backward")
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernel:
+    """A generated kernel: its source and launch shape (threads per block, dynamic shared
+    memory bytes; the grid is the caller's)."""
+
+    kind: str
+    source: str
+    threads: int
+    smem: int
+    chunk: int  # edges (rows) per chunk; a batched kernel's block owns one chunk of rows
+    programs: tuple[Program, ...]
+
+
+class _Writer:
+    def __init__(self):
+        self.lines: list[str] = []
+        self.depth = 0
+
+    def __call__(self, *lines: str):
+        self.lines.extend("  " * self.depth + line for line in lines)
+
+    @contextlib.contextmanager
+    def block(self, head: str, tail: str = "}"):
+        self(head + " {")
+        self.depth += 1
+        yield
+        self.depth -= 1
+        self(tail)
+
+    def text(self) -> str:
+        return "\n".join(self.lines) + "\n"
+
+
+def _lit(c: float) -> str:
+    return f"T({float(c)!r})"
+
+
+class _Names:
+    """C names of a program's values, by segment and term."""
+
+    def __init__(self, terms: list[Term]):
+        self.term = {id(t): n for n, t in enumerate(terms)}
+
+    @staticmethod
+    def seg(s: Segment) -> str:
+        return f"{s.offset}"
+
+    def x(self, s: Segment, i: int) -> str:
+        return f"x{s.offset}_{i}"
+
+    def w(self, t: Term) -> str:
+        return f"w{self.term[id(t)]}"
+
+
+def _base(s: Segment, u: str) -> tuple[str, int]:
+    """C expression of channel `u`'s first element of segment `s`, and the component stride."""
+    if s.layout == "mul_ir":
+        return f"{s.offset} + {u} * {s.ir_dim}", 1
+    return f"{s.offset} + {u}", s.mul
+
+
+class _Kernel:
+    """Emits one kernel's source."""
+
+    def __init__(self, desc, dtype, kind: str, needs, shared: bool, config: schedule.Config):
+        assert kind in KINDS, kind
+        self.desc, self.kind, self.shared = desc, kind, shared
+        self.dtype = np.dtype(dtype)
+        self.needs_gx, self.needs_gy, self.needs_gw = needs
+        self.backward = kind.endswith("backward")
+        self.conv = kind.startswith("conv")
+        if self.backward:
+            self.programs = schedule.backward_programs(desc, config.backward_warps)
+        else:
+            regs = config.forward_registers if self.conv else config.batched_forward_registers
+            self.programs = schedule.forward_programs(desc, self.dtype, regs)
+        self.warps = len(self.programs)
+        self.vector = 16 // self.dtype.itemsize
+        self.layout = schedule.a_layout(self.programs, self.warps, self.vector)
+        self.gy_offsets, at = [], 0
+        for p in self.programs:
+            self.gy_offsets.append(at)
+            at += len(p.y_positions) if self.backward and self.needs_gy else 0
+        self.gy_stride = at
+        self.chunk = next((k for k in (LANES, 16) if self.smem_for(k) <= SMEM_BUDGET), 8)
+        self.w = _Writer()
+
+    def smem_for(self, chunk: int) -> int:
+        t = self.dtype.itemsize
+        return chunk * (self.layout.length * t + self.gy_stride * t + 2 * 4)
+
+    @property
+    def smem(self) -> int:
+        return self.smem_for(self.chunk)
+
+    # --- pieces ----------------------------------------------------------------------------
+    def header(self):
+        d1, d2, dout = self.desc.dims
+        w = self.w
+        w(f"// jequi {self.kind}: {self.desc!r}, {self.dtype.name}, needs {self.needs_gx, self.needs_gy, self.needs_gw}, shared weights {self.shared}")
+        w(f"typedef {'float' if self.dtype == np.float32 else 'double'} T;")
+        w(f"typedef {'float4' if self.dtype == np.float32 else 'double2'} TV;")
+        w("#define FULL 0xffffffffu")
+        w(f"constexpr int K = {self.chunk}, D1 = {d1}, D2 = {d2}, DOUT = {dout}, NW = {self.desc.weight_numel}, NA = {self.layout.length};")
+        w(f"constexpr int GY = {self.gy_stride};")
+        w("")
+
+    def build_a(self):
+        """``build_a``: the lane's edge row of ``A`` for the terms this warp builds."""
+        w = self.w
+        with w.block("__device__ __forceinline__ void build_a(const int warp, const T* __restrict__ yr, T* __restrict__ a)"):
+            with w.block("switch (warp)"):
+                for n, terms in enumerate(self.layout.builders):
+                    if not terms:
+                        continue
+                    with w.block(f"case {n}:"):
+                        used = sorted({p for t in terms for i, k in t.entries for p, _ in t.entry_terms(i, k)})
+                        for p in used:
+                            w(f"const T y{p} = yr[{p}];")
+                        for t in terms:
+                            base = self.layout.slots[id(t)]
+                            for m, (i, k) in enumerate(t.entries):
+                                expr = " + ".join(f"{_lit(c)} * y{p}" for p, c in t.entry_terms(i, k))
+                                w(f"a[{base + m}] = {expr};")
+                        w("break;")
+
+    def channel(self, p: Program):
+        w = self.w
+        if p.mul % LANES == 0 or p.lane0 + LANES <= p.mul:
+            w(f"const int u = {p.lane0} + lane;", "const bool active = true;")
+        else:
+            w(f"const int u = min({p.lane0} + lane, {p.mul - 1});", f"const bool active = {p.lane0} + lane < {p.mul};")
+        for prefix, segments in (("bx", p.x_segments), ("bo", p.out_segments)):
+            for s in segments:
+                w(f"const int {prefix}{s.offset} = {_base(s, 'u')[0]};")
+
+    def load_x(self, p: Program, names: _Names, row: str):
+        for s in p.x_segments:
+            _, stride = _base(s, "u")
+            for i in range(s.ir_dim):
+                self.w(f"const T {names.x(s, i)} = {row}[bx{s.offset} + {i * stride}];")
+
+    def load_w(self, p: Program, names: _Names, row: str):
+        for t in p.terms:
+            self.w(f"const T {names.w(t)} = {row}[{t.weight_position('u')}];")
+
+    def load_a(self, t: Term, names: _Names, row: str) -> list[str]:
+        """Vector loads of term `t`'s ``A`` entries; returns the C name of each entry."""
+        base, n = self.layout.slots[id(t)], len(t.entries)
+        tag = names.term[id(t)]
+        out = []
+        for q in range(-(-n // self.vector)):
+            self.w(f"const TV a{tag}_{q} = *reinterpret_cast<const TV*>({row} + {base + q * self.vector});")
+            out += [f"a{tag}_{q}.{c}" for c in "xyzw"[: self.vector]]
+        return out[:n]
+
+    # --- forward ---------------------------------------------------------------------------
+    def forward_edge(self, p: Program, names: _Names, xrow: str, wrow: str | None, arow: str):
+        """One edge's (row's) multiply-adds into the ``acc`` sums."""
+        w = self.w
+        self.load_x(p, names, xrow)
+        if wrow is not None:
+            self.load_w(p, names, wrow)
+        for t in p.terms:
+            tag = names.term[id(t)]
+            for i in sorted({i for i, _ in t.entries}):
+                w(f"const T wx{tag}_{i} = {names.w(t)} * {names.x(t.x, i)};")
+        for t in p.terms:
+            tag = names.term[id(t)]
+            values = self.load_a(t, names, arow)
+            for (i, k), a in zip(t.entries, values):
+                acc = f"acc{t.out.offset}_{k}"
+                w(f"{acc} = fma({a}, wx{tag}_{i}, {acc});")
+
+    def declare_acc(self, p: Program):
+        for s in p.out_segments:
+            self.w(f"T {', '.join(f'acc{s.offset}_{k} = 0' for k in range(s.ir_dim))};")
+
+    def store_acc(self, p: Program, row: str):
+        for s in p.out_segments:
+            _, stride = _base(s, "u")
+            for k in range(s.ir_dim):
+                self.w(f"if (active) {row}[bo{s.offset} + {k * stride}] = acc{s.offset}_{k};")
+
+    # --- backward --------------------------------------------------------------------------
+    def backward_edge(self, p: Program, q: int, names: _Names, wrow: str | None, grow: str, arow: str,
+                      gwrow: str | None, gyrow: str):  # fmt: skip
+        """One edge's (row's) gradients: ``gw`` stored (or summed, shared weights), ``gx``
+        added to the ``gx`` sums, ``gy``'s warp sum written to shared memory row `gyrow`."""
+        w = self.w
+        if wrow is not None:
+            self.load_w(p, names, wrow)
+        for s in p.out_segments:
+            _, stride = _base(s, "u")
+            for k in range(s.ir_dim):
+                w(f"const T g{s.offset}_{k} = {grow}[bo{s.offset} + {k * stride}];")
+        need_v = self.needs_gx or self.needs_gw
+        for t in p.terms:
+            tag = names.term[id(t)]
+            if need_v:
+                values = self.load_a(t, names, arow)
+                v = {}
+                for (i, k), a in zip(t.entries, values):
+                    prod = f"{a} * g{t.out.offset}_{k}"
+                    v[i] = f"fma({a}, g{t.out.offset}_{k}, {v[i]})" if i in v else prod
+                for i, expr in v.items():
+                    w(f"const T v{tag}_{i} = {expr};")
+                if self.needs_gw:
+                    expr = None
+                    for i in v:
+                        term = f"{names.x(t.x, i)} * v{tag}_{i}"
+                        expr = f"fma({names.x(t.x, i)}, v{tag}_{i}, {expr})" if expr else term
+                    if self.shared:
+                        w(f"if (active) gw{tag} += {expr};")
+                    else:
+                        w(f"if (active) {gwrow}[{t.weight_position('u')}] = {expr};")
+                if self.needs_gx:
+                    for i in v:
+                        acc = f"gx{t.x.offset}_{i}"
+                        w(f"{acc} = fma({names.w(t)}, v{tag}_{i}, {acc});")
+        if self.needs_gy:
+            ys = p.y_positions
+            w(f"T {', '.join(f'gy{j} = 0' for j in ys)};")
+            for t in p.terms:
+                tag = names.term[id(t)]
+                wm = f"wm{tag}"
+                w(f"const T {wm} = active ? {names.w(t)} : T(0);")
+                for i in sorted({i for i, _, _, _ in t.nonzeros}):
+                    w(f"const T xw{tag}_{i} = {wm} * {names.x(t.x, i)};")
+                pairs: dict[tuple[int, int], list] = {}
+                for i, j, k, c in t.nonzeros:
+                    pairs.setdefault((i, k), []).append((j, c))
+                for (i, k), js in pairs.items():
+                    w(f"const T p{tag}_{i}_{k} = xw{tag}_{i} * g{t.out.offset}_{k};")
+                    for j, c in js:
+                        y = int(t.y_positions[j])
+                        w(f"gy{y} = fma({_lit(c)}, p{tag}_{i}_{k}, gy{y});")
+            self.warp_sum([f"gy{j}" for j in ys], f"{gyrow} + {self.gy_offsets[q]}")
+
+    def warp_sum(self, values: list[str], dest: str):
+        """Sum each of `values` over the warp's lanes and write sum n to ``dest[n]``: a
+        butterfly that sends half the values at each step (one shuffle per value overall)."""
+        w = self.w
+        for c0 in range(0, len(values), LANES):
+            chunk = values[c0 : c0 + LANES]
+            n = 1 << (len(chunk) - 1).bit_length()
+            cur = chunk + ["T(0)"] * (n - len(chunk))
+            offset, level = LANES // 2, 0
+            with w.block(""):
+                while len(cur) > 1:
+                    half = len(cur) // 2
+                    w(f"const bool up{level} = lane & {offset};")
+                    nxt = []
+                    for i in range(half):
+                        lo, hi = cur[i], cur[i + half]
+                        name = f"s{level}_{i}"
+                        w(f"const T {name} = (up{level} ? {hi} : {lo}) + __shfl_xor_sync(FULL, up{level} ? {lo} : {hi}, {offset});")
+                        nxt.append(name)
+                    cur, offset, level = nxt, offset // 2, level + 1
+                w(f"T total = {cur[0]};")
+                while offset >= 1:
+                    w(f"total += __shfl_xor_sync(FULL, total, {offset});")
+                    offset //= 2
+                shift = (LANES // n).bit_length() - 1
+                w(f"const int idx = lane >> {shift};")
+                cond = f"(lane & {(1 << shift) - 1}) == 0 && " if shift else ""
+                w(f"if ({cond}idx < {len(chunk)}) ({dest})[{c0} + idx] = total;")
+
+    def gy_finalize(self, n: str, edge_of: str, gy: str):
+        """Threads sum the warps' ``gy`` rows of the chunk's `n` edges in a fixed order and
+        store them (``edge_of(kk)``: the C expression of edge kk's row)."""
+        w = self.w
+        _, d2, _ = self.desc.dims
+        owners: dict[int, list[int]] = {}
+        for q, p in enumerate(self.programs):
+            for idx, j in enumerate(p.y_positions):
+                owners.setdefault(j, []).append(self.gy_offsets[q] + idx)
+        with w.block(f"for (int t = threadIdx.x; t < {n} * D2; t += blockDim.x)"):
+            w("const int kk = t / D2, j = t - kk * D2;", "const T* g = gyp + kk * GY;", "T s = 0;")
+            with w.block("switch (j)"):
+                for j in range(d2):
+                    if j in owners:
+                        w(f"case {j}: s = {' + '.join(f'g[{o}]' for o in owners[j])}; break;")
+            w(f"{gy}[(long long)({edge_of}) * D2 + j] = s;")
+
+    # --- kernels -----------------------------------------------------------------------------
+    def params(self) -> list[str]:
+        args = ["x", "y", "w"] + (["gz"] if self.backward else [])
+        params = [f"const T* __restrict__ {a}" for a in args]
+        if self.conv:
+            params += [f"const int* __restrict__ {a}" for a in ("order", "other", "offsets")]
+        if not self.backward:
+            params.append("T* __restrict__ out")
+        else:
+            params += [f"T* __restrict__ {g}" for g, need in zip(("gx", "gy", "gw"), (self.needs_gx, self.needs_gy, self.needs_gw)) if need]
+        scalars = ["num_nodes", "num_senders", "num_edges"] if self.conv else ["num_rows"]
+        return params + [f"const long long {s}" for s in scalars]
+
+    def source(self) -> str:
+        self.header()
+        self.build_a()
+        w = self.w
+        w("")
+        with w.block(f'extern "C" __global__ void __launch_bounds__({self.warps * LANES}) {ENTRY}({", ".join(self.params())})'):
+            w("extern __shared__ __align__(16) unsigned char smem[];")
+            w("T* As = reinterpret_cast<T*>(smem);", "T* gyp = As + K * NA;")
+            w("int* s_edge = reinterpret_cast<int*>(gyp + K * GY);", "int* s_node = s_edge + K;")
+            w("const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;", "const long long b = blockIdx.y;")
+            getattr(self, self.kind)()
+        return w.text()
+
+    def _batch_offsets(self, rows: str, edges: str | None = None):
+        """Advance every pointer to batch element ``b`` (jax.vmap's grid rows)."""
+        w = self.w
+        edges = edges or rows
+        d1, d2, dout = self.desc.dims
+        w(f"x += b * {rows if not self.conv else 'num_senders'} * D1;", f"y += b * {edges} * D2;")
+        w(f"w += b * {'NW' if self.shared else f'{edges} * NW'};")
+        if self.backward:
+            w(f"gz += b * {'num_nodes' if self.conv else rows} * DOUT;")
+            if self.needs_gx:
+                w(f"gx += b * {'num_senders' if self.conv else rows} * D1;")
+            if self.needs_gy:
+                w(f"gy += b * {edges} * D2;")
+            if self.needs_gw:
+                parts = ("(num_senders + 1)" if self.conv else "gridDim.x") if self.shared else edges
+                w(f"gw += b * {parts} * NW;")
+        else:
+            w(f"out += b * {'num_nodes' if self.conv else rows} * DOUT;")
+        if self.conv:
+            w("order += b * num_edges;", "other += b * num_edges;")
+            w(f"offsets += b * ({'num_nodes + 1' if not self.backward else 'num_senders + 2'});")
+
+    def _cases(self, body):
+        w = self.w
+        with w.block("switch (warp)"):
+            for q, p in enumerate(self.programs):
+                with w.block(f"case {q}:"):
+                    body(q, p, _Names(list(p.terms)))
+                    w("break;")
+
+    def _hoisted_w(self, p, names):
+        if self.shared:
+            self.load_w(p, names, "w")
+
+    def tp_forward(self):
+        w = self.w
+        self._batch_offsets("num_rows")
+        w("const long long row0 = (long long)blockIdx.x * K;", "const int n = (int)min((long long)K, num_rows - row0);")
+        w("if (lane < n) build_a(warp, y + (row0 + lane) * D2, As + lane * NA);", "__syncthreads();")
+
+        def body(q, p, names):
+            self.channel(p)
+            self._hoisted_w(p, names)
+            with w.block("for (int kk = 0; kk < n; ++kk)"):
+                w("const long long row = row0 + kk;")
+                self.declare_acc(p)
+                self.forward_edge(p, names, "(x + row * D1)", None if self.shared else "(w + row * NW)", "(As + kk * NA)")
+                self.store_acc(p, "(out + row * DOUT)")
+
+        self._cases(body)
+
+    def conv_forward(self):
+        w = self.w
+        self._batch_offsets("num_nodes", "num_edges")
+        w("const int r = blockIdx.x;", "const int start = offsets[r], end = offsets[r + 1];")
+
+        def body(q, p, names):
+            self.channel(p)
+            self._hoisted_w(p, names)
+            self.declare_acc(p)
+            with w.block("for (int base = start; base < end; base += K)"):
+                w("const int n = min(K, end - base);")
+                with w.block("if (lane < n)"):
+                    w("const int e = order[base + lane];")
+                    w("if (warp == 0) { s_edge[lane] = e; s_node[lane] = other[base + lane]; }")
+                    w("build_a(warp, y + (long long)e * D2, As + lane * NA);")
+                w("__syncthreads();")
+                with w.block("for (int kk = 0; kk < n; ++kk)"):
+                    w("const long long e = s_edge[kk], s = s_node[kk];")
+                    self.forward_edge(p, names, "(x + s * D1)", None if self.shared else "(w + e * NW)", "(As + kk * NA)")
+                w("__syncthreads();")
+            self.store_acc(p, "(out + (long long)r * DOUT)")
+
+        self._cases(body)
+
+    def _declare_backward_sums(self, p, names, gx: bool = True):
+        w = self.w
+        if self.needs_gx and gx:
+            for s in p.x_segments:
+                w(f"T {', '.join(f'gx{s.offset}_{i} = 0' for i in range(s.ir_dim))};")
+        if self.needs_gw and self.shared:
+            w(f"T {', '.join(f'gw{names.term[id(t)]} = 0' for t in p.terms)};")
+
+    def _store_gx(self, p, row):
+        if self.needs_gx:
+            for s in p.x_segments:
+                _, stride = _base(s, "u")
+                for i in range(s.ir_dim):
+                    self.w(f"if (active) {row}[bx{s.offset} + {i * stride}] = gx{s.offset}_{i};")
+
+    def _store_shared_gw(self, p, names, row):
+        if self.needs_gw and self.shared:
+            for t in p.terms:
+                self.w(f"if (active) {row}[{t.weight_position('u')}] = gw{names.term[id(t)]};")
+
+    def tp_backward(self):
+        w = self.w
+        self._batch_offsets("num_rows")
+        w("const long long row0 = (long long)blockIdx.x * K;", "const int n = (int)min((long long)K, num_rows - row0);")
+        w("if (lane < n) build_a(warp, y + (row0 + lane) * D2, As + lane * NA);", "__syncthreads();")
+
+        def body(q, p, names):
+            self.channel(p)
+            self._hoisted_w(p, names)
+            self._declare_backward_sums(p, names, gx=False)
+            with w.block("for (int kk = 0; kk < n; ++kk)"):
+                w("const long long row = row0 + kk;")
+                if self.needs_gx:
+                    for s in p.x_segments:
+                        w(f"T {', '.join(f'gx{s.offset}_{i} = 0' for i in range(s.ir_dim))};")
+                self.load_x(p, names, "(x + row * D1)")
+                self.backward_edge(p, q, names, None if self.shared else "(w + row * NW)", "(gz + row * DOUT)",
+                                   "(As + kk * NA)", "(gw + row * NW)", "(gyp + kk * GY)")  # fmt: skip
+                self._store_gx(p, "(gx + row * D1)")
+            self._store_shared_gw(p, names, "(gw + (long long)blockIdx.x * NW)")
+
+        self._cases(body)
+        if self.needs_gy:
+            w("__syncthreads();")
+            self.gy_finalize("n", "row0 + kk", "gy")
+
+    def conv_backward(self):
+        w = self.w
+        self._batch_offsets("num_nodes", "num_edges")
+        w("const int s = blockIdx.x;", "const int start = offsets[s], end = offsets[s + 1];")
+        with w.block("if (s == num_senders)"):
+            w("// the dropped edges (an index out of range): zero gradients")
+            with w.block("for (int k = start + warp; k < end; k += blockDim.x >> 5)"):
+                w("const long long e = order[k];")
+                if self.needs_gy:
+                    w("for (int j = lane; j < D2; j += 32) gy[e * D2 + j] = 0;")
+                if self.needs_gw and not self.shared:
+                    w("for (int j = lane; j < NW; j += 32) gw[e * NW + j] = 0;")
+            if self.needs_gw and self.shared:
+                w("for (int j = threadIdx.x; j < NW; j += blockDim.x) gw[(long long)s * NW + j] = 0;")
+            w("return;")
+        w("__syncthreads();")
+
+        def body(q, p, names):
+            self.channel(p)
+            self._hoisted_w(p, names)
+            self._declare_backward_sums(p, names)
+            self.load_x(p, names, "(x + (long long)s * D1)")
+            with w.block("for (int base = start; base < end; base += K)"):
+                w("const int n = min(K, end - base);")
+                with w.block("if (lane < n)"):
+                    w("const int e = order[base + lane];")
+                    w("if (warp == 0) { s_edge[lane] = e; s_node[lane] = other[base + lane]; }")
+                    w("build_a(warp, y + (long long)e * D2, As + lane * NA);")
+                w("__syncthreads();")
+                with w.block("for (int kk = 0; kk < n; ++kk)"):
+                    w("const long long e = s_edge[kk], r = s_node[kk];")
+                    self.backward_edge(p, q, names, None if self.shared else "(w + e * NW)", "(gz + r * DOUT)",
+                                       "(As + kk * NA)", "(gw + e * NW)", "(gyp + kk * GY)")  # fmt: skip
+                w("__syncthreads();")
+                if self.needs_gy:
+                    self.gy_finalize("n", "order[base + kk]", "gy")
+                    w("__syncthreads();")
+            self._store_gx(p, "(gx + (long long)s * D1)")
+            self._store_shared_gw(p, names, "(gw + (long long)s * NW)")
+
+        self._cases(body)
+
+
+def generate(desc, dtype, kind: str, needs=(True, True, True), shared: bool = False,
+             config: schedule.Config | None = None) -> Kernel:  # fmt: skip
+    """The `kind` kernel of (trilinear, ``uvu``-only) descriptor `desc` in `dtype`;
+    backward kinds compute the gradients `needs` says (``(gx, gy, gw)``), `shared`: one weight
+    vector for all rows (or edges)."""
+    if schedule.unsupported(desc):
+        raise ValueError(f"the CUDA kernels run modes {schedule.SUPPORTED_MODES}, not {sorted(schedule.unsupported(desc))}")
+    k = _Kernel(desc, dtype, kind, tuple(needs), shared, config or schedule.DEFAULT)
+    if k.warps * LANES > MAX_THREADS:
+        raise ValueError(f"{desc!r} needs {k.warps} warps per block in the CUDA kernels (at most {MAX_THREADS // LANES})")
+    return Kernel(kind, k.source(), k.warps * LANES, k.smem, k.chunk, tuple(k.programs))

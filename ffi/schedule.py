@@ -1,0 +1,235 @@
+"""What each warp of a generated CUDA kernel computes, derived from the descriptor.
+
+The CUDA kernels run channelwise (``uvu``) products, one channel per lane. A ``uvu`` path
+``z[u, k] += sum_{v, i, j} w[u, v] cg[i, j, k] x[u, i] y[v, j]`` splits into :class:`Term`\\ s,
+one per ``v``: for a fixed ``y`` row the term's coefficients collapse into a small matrix
+``A[i, k] = sum_j cg[i, j, k] y[v, j]`` (the same for every channel), and each lane then computes
+``z[u, k] += w[u, v] * sum_i A[i, k] x[u, i]``. The kernels build ``A`` once per edge (or row)
+in shared memory, from the coefficients below as literals, and every lane reads it by broadcast.
+
+A :class:`Program` is one warp's share: 32 channels of a group of segments with the same
+multiplicity and a set of terms. Forward programs own output segments (their sums stay in
+registers); backward programs own ``x`` segments (their ``gx`` sums), so no two warps write the
+same element. :func:`forward_programs` and :func:`backward_programs` partition the terms, balanced
+by arithmetic and bounded by a register budget (:class:`Config`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import numpy as np
+
+from jequi.descriptor import Path, Segment, TensorProductDescriptor
+
+LANES = 32
+SUPPORTED_MODES = ("uvu",)
+_ZERO = 1e-12
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Knobs of the generated kernels (benchmarks/tune_cuda.py sweeps them).
+
+    ``forward_registers``: 32-bit registers per lane for the sums a conv forward keeps over
+    its edge loop (a float64 sum takes two); a wider output is split over more warps.
+    ``batched_forward_registers``: the same for the batched forward, whose sums live for one
+    row only. ``backward_warps``: at most this many programs per channel warp in a backward
+    (each owns whole ``x`` segments).
+    """
+
+    forward_registers: int = 64
+    batched_forward_registers: int = 128
+    backward_warps: int = 3
+
+
+DEFAULT = Config()
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Term:
+    """Slice ``v`` of a ``uvu`` path (see the module docstring)."""
+
+    path: Path
+    v: int
+    x: Segment
+    y: Segment
+    out: Segment
+
+    @functools.cached_property
+    def cg(self) -> np.ndarray:
+        return np.asarray(self.path.cg, np.float64)
+
+    @property
+    def y_positions(self) -> np.ndarray:
+        """Flat positions of the ``y`` components ``j`` of slice ``v``."""
+        return self.y.index()[self.v]
+
+    def weight_position(self, u: str) -> str:
+        """C expression of the flat weight index of channel `u` (e3nn's ``(mul1, mul2)``
+        row-major path weights)."""
+        m2 = self.path.mul_in2
+        return f"{self.path.weight_offset + self.v} + {u} * {m2}" if m2 > 1 else f"{self.path.weight_offset} + {u}"
+
+    @functools.cached_property
+    def entries(self) -> tuple[tuple[int, int], ...]:
+        """The ``(i, k)`` of ``A`` that some coefficient reaches, ``i``-major."""
+        nz = np.abs(self.cg).max(axis=1) > _ZERO
+        return tuple((int(i), int(k)) for i, k in zip(*np.nonzero(nz)))
+
+    def entry_terms(self, i: int, k: int) -> list[tuple[int, float]]:
+        """``A[i, k] = sum of coeff * y[position]`` over these ``(position, coeff)``."""
+        col = self.cg[i, :, k]
+        return [(int(self.y_positions[j]), float(col[j])) for j in np.nonzero(np.abs(col) > _ZERO)[0]]
+
+    @functools.cached_property
+    def nonzeros(self) -> tuple[tuple[int, int, int, float], ...]:
+        """``(i, j, k, coeff)`` of the nonzero coefficients, ``(i, k)``-major."""
+        i, j, k = np.nonzero(np.abs(self.cg) > _ZERO)
+        order = np.lexsort((j, k, i))
+        return tuple((int(i[n]), int(j[n]), int(k[n]), float(self.cg[i[n], j[n], k[n]])) for n in order)
+
+    @property
+    def forward_cost(self) -> int:
+        return len(self.entries) + self.x.ir_dim
+
+    @property
+    def backward_cost(self) -> int:
+        pairs = len({(i, k) for i, _, k, _ in self.nonzeros})
+        return 2 * len(self.entries) + 3 * self.x.ir_dim + pairs + len(self.nonzeros)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Program:
+    """One warp's share of a kernel: channels ``lane0 .. lane0 + 31`` (those below ``mul``)
+    of `terms`."""
+
+    mul: int
+    lane0: int
+    terms: tuple[Term, ...]
+
+    @property
+    def x_segments(self) -> list[Segment]:
+        return _unique(t.x for t in self.terms)
+
+    @property
+    def out_segments(self) -> list[Segment]:
+        return _unique(t.out for t in self.terms)
+
+    @property
+    def y_positions(self) -> list[int]:
+        """The ``y`` positions its terms read (its ``gy`` components), sorted."""
+        return sorted({int(p) for t in self.terms for p in t.y_positions})
+
+
+def _unique(items):
+    out, seen = [], set()
+    for item in items:
+        if id(item) not in seen:
+            seen.add(id(item))
+            out.append(item)
+    return out
+
+
+def unsupported(desc: TensorProductDescriptor) -> set[str]:
+    """Modes of `desc` the CUDA kernels do not run."""
+    return {p.mode for p in desc.active_paths} - set(SUPPORTED_MODES)
+
+
+@functools.lru_cache(maxsize=256)
+def terms(desc: TensorProductDescriptor) -> tuple[Term, ...]:
+    """The terms of the active paths of `desc` (its trilinear view: every path weighted); the
+    same objects on every call, so schedules of one descriptor can be compared by identity."""
+    out = []
+    for p in desc.active_paths:
+        assert p.mode == "uvu" and p.has_weight, p
+        for v in range(p.mul_in2):
+            out.append(Term(p, v, desc.in1[p.i_in1], desc.in2[p.i_in2], desc.out[p.i_out]))
+    return tuple(out)
+
+
+def _partition(items, cost, size, bins: int, budget: int) -> list[list]:
+    """Greedy longest-processing-time partition of `items` into at most `bins` non-empty
+    groups, each of total `size` at most `budget` where possible."""
+    groups = [[] for _ in range(bins)]
+    loads, sizes = [0] * bins, [0] * bins
+    for item in sorted(items, key=cost, reverse=True):
+        fits = [b for b in range(bins) if sizes[b] + size(item) <= budget] or range(bins)
+        b = min(fits, key=lambda b: (loads[b], sizes[b]))
+        groups[b].append(item)
+        loads[b] += cost(item)
+        sizes[b] += size(item)
+    return [g for g in groups if g]
+
+
+def _groups(desc) -> dict[int, list[Term]]:
+    """Terms by the multiplicity of their channels (``x`` and output segments share it)."""
+    out: dict[int, list[Term]] = {}
+    for t in terms(desc):
+        out.setdefault(t.x.mul, []).append(t)
+    return out
+
+
+def _programs(mul: int, bins: list[list[Term]]) -> list[Program]:
+    return [Program(mul, lane0, tuple(b)) for b in bins for lane0 in range(0, mul, LANES)]
+
+
+def forward_programs(desc, dtype, registers: int) -> list[Program]:
+    """Warps of a forward: per group, output segments binned so that each warp's sums fit in
+    `registers` 32-bit registers per lane."""
+    words = np.dtype(dtype).itemsize // 4
+    programs = []
+    for mul, group in _groups(desc).items():
+        outs = _unique(t.out for t in group)
+        cost = {id(o): sum(t.forward_cost for t in group if t.out is o) for o in outs}
+        total = sum(o.ir_dim for o in outs) * words
+        bins = max(1, -(-total // registers))
+        while True:
+            parts = _partition(outs, lambda o: cost[id(o)], lambda o: o.ir_dim * words, bins, registers)
+            if all(sum(o.ir_dim for o in p) * words <= registers for p in parts) or bins >= len(outs):
+                break
+            bins += 1
+        programs += _programs(mul, [[t for t in group if any(t.out is o for o in p)] for p in parts])
+    return programs
+
+
+def backward_programs(desc, max_bins: int) -> list[Program]:
+    """Warps of a backward: per group, ``x`` segments binned (each warp owns whole segments,
+    so its ``gx`` needs no cross-warp sum) into at most `max_bins` balanced groups."""
+    programs = []
+    for mul, group in _groups(desc).items():
+        xs = _unique(t.x for t in group)
+        cost = {id(s): sum(t.backward_cost for t in group if t.x is s) for s in xs}
+        parts = _partition(xs, lambda s: cost[id(s)], lambda s: 0, min(max_bins, len(xs)), 0)
+        programs += _programs(mul, [[t for t in group if any(t.x is s for s in p)] for p in parts])
+    return programs
+
+
+@dataclasses.dataclass(frozen=True)
+class ALayout:
+    """Where each term's ``A`` entries sit in a row of the shared-memory table, and which warp
+    builds which entries. Rows are padded to a multiple of `vector` elements, and each term's
+    block starts at a multiple of it, so lanes read ``A`` with vector loads."""
+
+    slots: dict  # id(term) -> first slot
+    length: int  # padded row length
+    builders: list[list[Term]]  # per warp: the terms whose entries it builds
+
+
+def a_layout(programs: list[Program], warps: int, vector: int) -> ALayout:
+    slots, at = {}, 0
+    ordered = _unique(t for p in programs for t in p.terms)
+    for t in ordered:
+        slots[id(t)] = at
+        at += -(-len(t.entries) // vector) * vector
+    length = max(vector, at)
+    if (length // vector) % 2 == 0:  # an odd number of vectors: lanes (one edge each) write rows in distinct banks
+        length += vector
+    builders = [[] for _ in range(warps)]
+    loads = [0] * warps
+    for t in sorted(ordered, key=lambda t: len(t.entries), reverse=True):
+        b = loads.index(min(loads))
+        builders[b].append(t)
+        loads[b] += len(t.entries)
+    return ALayout(slots, length, builders)

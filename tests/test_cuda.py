@@ -1,0 +1,225 @@
+"""The CUDA JIT backend (``ffi/``). On CPU: its schedule reproduces the descriptor's CG blocks
+and every generated kernel compiles with nvcc (skipped without one). On a GPU: the kernels
+against the pure-JAX reference, batched and as the conv, f32 and f64, every derivative order,
+edge cases of graphs, vmap, and bitwise determinism."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import assert_close, random_inputs
+
+import jequi
+from ffi import build, codegen, ops, schedule
+from jequi.backends import xla
+
+ON_GPU = "cuda" in jequi.available_backends()
+gpu = pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU and nvcc (the cuda backend)")
+
+PROBLEMS = {
+    "uvu": lambda: jequi.channelwise("3x0e+2x1o+5x2e", "0e+1o+2e", "0e+1o+2e+3o"),
+    "uvu-in2-mul": lambda: jequi.TensorProduct("5x1o", "3x2e", "5x3o", [(0, 0, 0, "uvu", True)]),
+    "uvu+unweighted": lambda: jequi.TensorProduct(
+        "4x0e+3x1o", "0e+1o", "4x1o+3x1e+3x0e", [(0, 1, 0, "uvu", True), (1, 1, 1, "uvu", False), (1, 1, 2, "uvu", True, 0.5)]
+    ),
+    "l6": lambda: jequi.channelwise("2x6e", "0e+1o+6e", "0e+5o+6e"),
+    "uvu-ir_mul": lambda: jequi.channelwise("3x0e+2x1o+5x2e", "0e+1o+2e", "0e+1o+2e+3o", layout="ir_mul"),
+    "wide": lambda: jequi.channelwise("40x0e+33x1o", "0e+1o+2e", "0e+1o+2e"),  # a partial second warp
+}
+if ON_GPU:
+    for n in ("mace-large", "nequip-oam-main", "nequix-first"):
+        PROBLEMS[n] = functools.partial(jequi.problems.get, n)
+    PROBLEMS["mace-large-ir_mul"] = functools.partial(jequi.problems.get, "mace-large", layout="ir_mul")
+
+TOL = {np.float32: 5e-5, np.float64: 1e-11}
+BATCH = 300
+
+
+def test_schedule_reproduces_the_cg_blocks():
+    """The A entries' literal coefficients, summed back per term, are the descriptor's
+    normalized CG block of each path, and the programs partition the terms."""
+    for make in PROBLEMS.values():
+        desc = make().descriptor.trilinear
+        terms = schedule.terms(desc)
+        for t in terms:
+            cg = np.zeros_like(t.cg)
+            for i, k in t.entries:
+                for position, c in t.entry_terms(i, k):
+                    j = int(np.nonzero(t.y_positions == position)[0][0])
+                    cg[i, j, k] += c
+            np.testing.assert_allclose(cg, t.cg, atol=1e-15)
+            dense = np.zeros_like(t.cg)
+            for i, j, k, c in t.nonzeros:
+                dense[i, j, k] = c
+            np.testing.assert_allclose(dense, t.cg, atol=1e-15)
+        for programs in (schedule.forward_programs(desc, np.float32, 8), schedule.backward_programs(desc, 2)):
+            covered = sorted((id(t), p.lane0) for p in programs for t in p.terms)
+            expected = sorted((id(t), lane0) for t in terms for lane0 in range(0, t.x.mul, schedule.LANES))
+            assert covered == expected
+        backward = schedule.backward_programs(desc, 2)
+        for p in backward:  # backward warps own whole x segments
+            others = [q for q in backward if q is not p and q.lane0 == p.lane0]
+            assert not {s.offset for s in p.x_segments} & {s.offset for q in others for s in q.x_segments}
+
+
+def test_forward_programs_respect_the_register_budget():
+    desc = jequi.problems.get("mace-large").descriptor.trilinear
+    for dtype, words in ((np.float32, 1), (np.float64, 2)):
+        for budget in (16, 40, 64):
+            for p in schedule.forward_programs(desc, dtype, budget):
+                assert sum(s.ir_dim for s in p.out_segments) * words <= budget
+
+
+def test_unsupported_modes_are_reported():
+    tp = jequi.fully_connected("2x0e", "0e", "2x0e")
+    assert "uvw" in ops.unsupported_reason(tp.descriptor.trilinear)
+    with pytest.raises(ValueError, match="cuda backend runs"):
+        jequi.backends.cuda.check(tp.descriptor.trilinear)
+    assert ops.unsupported_reason(PROBLEMS["uvu"]().descriptor.trilinear) is None
+
+
+COMPILE_CASES = [
+    ("uvu", np.float32, "conv_forward", (True, True, True), False),
+    ("uvu", np.float64, "conv_backward", (True, True, True), False),
+    ("uvu-ir_mul", np.float32, "conv_backward", (True, False, True), True),
+    ("uvu-in2-mul", np.float64, "tp_forward", (True, True, True), True),
+    ("uvu+unweighted", np.float32, "tp_backward", (False, True, False), False),
+    ("l6", np.float64, "tp_backward", (True, True, True), True),
+    ("wide", np.float32, "conv_backward", (False, True, True), False),
+]
+
+
+@pytest.mark.skipif(build.toolchain_missing() is not None, reason=str(build.toolchain_missing()))
+@pytest.mark.parametrize("name, dtype, kind, needs, shared", COMPILE_CASES)
+def test_generated_kernels_compile(name, dtype, kind, needs, shared, tmp_path, monkeypatch):
+    """nvcc compiles the generated source for sm_90 without spilling (it needs no GPU)."""
+    monkeypatch.setattr(build, "CACHE_DIR", tmp_path)
+    kernel = codegen.generate(PROBLEMS[name]().descriptor.trilinear, dtype, kind, needs, shared)
+    path = build.cubin(kernel.source, "sm_90")
+    assert path.read_bytes()[:4] == b"\x7fELF"
+    usage = build.resources(path)
+    assert usage["registers"] and usage["spill_stores"] == 0, usage
+
+
+def _close(a, b, dtype, what=""):
+    assert_close(a, b, TOL[dtype], what)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shared", [False, True])
+@pytest.mark.parametrize("name", list(PROBLEMS))
+def test_batched_forward_and_backward(name, shared, dtype):
+    tp = PROBLEMS[name]()
+    x, y, w = random_inputs(tp, BATCH, dtype, shared=shared)
+    ref = functools.partial(xla.forward, tp.descriptor)
+    _close(tp(x, y, w, backend="cuda"), ref(x, y, w), dtype, "forward")
+    g = np.random.default_rng(2).normal(size=(BATCH, tp.irreps_out.dim)).astype(dtype)
+    grads = lambda f: jax.grad(lambda *a: jnp.vdot(f(*a), g), argnums=(0, 1, 2))(x, y, w)  # noqa: E731
+    for a, b, what in zip(grads(functools.partial(tp, backend="cuda")), grads(ref), "xyw"):
+        _close(a, b, dtype, f"d/d{what}")
+
+
+def _graph(rng, tp, n, e, dtype, shared=False):
+    x = rng.normal(size=(n, tp.irreps_in1.dim)).astype(dtype)
+    y = rng.normal(size=(e, tp.irreps_in2.dim)).astype(dtype)
+    w = rng.normal(size=(tp.weight_numel,) if shared else (e, tp.weight_numel)).astype(dtype)
+    return x, y, w, rng.integers(0, n, e), rng.integers(0, n, e)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shared", [False, True])
+@pytest.mark.parametrize("name", list(PROBLEMS))
+def test_conv_values_and_gradients(name, shared, dtype):
+    tp = PROBLEMS[name]()
+    rng = np.random.default_rng(3)
+    n, e = 150, 2500
+    x, y, w, s, r = _graph(rng, tp, n, e, dtype, shared)
+    s[:3], r[3:5] = [n, -1, n + 7], [n, -3]  # dropped edges
+    r[10:300] = 7  # a hub with chunks of several edges
+    conv = lambda b: lambda x, y, w: tp.conv(x, y, w, s, r, n, backend=b)  # noqa: E731
+    _close(conv("cuda")(x, y, w), conv("xla")(x, y, w), dtype, "forward")
+    loss = lambda b: lambda x, y, w: jnp.sum(jnp.sin(conv(b)(x, y, w)))  # noqa: E731
+    ours = jax.grad(loss("cuda"), argnums=(0, 1, 2))(x, y, w)
+    for a, b, what in zip(ours, jax.grad(loss("xla"), argnums=(0, 1, 2))(x, y, w), "xyw"):
+        _close(a, b, dtype, f"d/d{what}")
+    if not shared:
+        assert not np.any(np.asarray(ours[1])[:5]) and not np.any(np.asarray(ours[2])[:5])
+
+
+@gpu
+@pytest.mark.parametrize("name", ["uvu", "mace-large"] if ON_GPU else [])
+def test_second_and_third_order(name):
+    tp = PROBLEMS[name]()
+    rng = np.random.default_rng(4)
+    n, e = 60, 700
+    x, y, w, s, r = _graph(rng, tp, n, e, np.float64)
+
+    def derivatives(backend):
+        conv = lambda x, y, w: tp.conv(x, y, w, s, r, n, backend=backend)  # noqa: E731
+        first = lambda x, y, w: jax.grad(lambda *a: jnp.sum(jnp.sin(conv(*a))), argnums=(0, 1, 2))(x, y, w)  # noqa: E731
+        second = jax.grad(lambda *a: sum(jnp.sum(g**2) for g in first(*a)), argnums=(0, 1, 2))
+        third = jax.grad(lambda *a: sum(jnp.sum(jnp.cos(g)) for g in second(*a)), argnums=(0, 1))
+        return (*second(x, y, w), *third(x, y, w))
+
+    for a, b in zip(derivatives("cuda"), derivatives("xla")):
+        assert_close(a, b, 1e-10)
+
+
+@gpu
+def test_force_training_step_matches():
+    """Energy, forces and the parameter gradient of a force loss (second order) of the NequIP
+    model on the cuda backend equal the reference's."""
+    tp = PROBLEMS["uvu"]()
+    rng = np.random.default_rng(5)
+    n, e = 40, 400
+    x, y, w, s, r = _graph(rng, tp, n, e, np.float64)
+
+    def loss(backend, x, w):
+        grad_y = jax.grad(lambda y: jnp.sum(tp.conv(x, y, w, s, r, n, backend=backend) ** 2))(y)
+        return jnp.sum(grad_y**2)
+
+    for a, b in zip(jax.grad(functools.partial(loss, "cuda"), argnums=(0, 1))(x, w), jax.grad(functools.partial(loss, "xla"), argnums=(0, 1))(x, w)):
+        assert_close(a, b, 1e-10)
+
+
+@gpu
+def test_vmap_over_rows_and_graphs():
+    tp = PROBLEMS["uvu"]()
+    rng = np.random.default_rng(6)
+    xs = rng.normal(size=(3, 20, tp.irreps_in1.dim))
+    ys = rng.normal(size=(3, 20, tp.irreps_in2.dim))
+    w_shared = rng.normal(size=(tp.weight_numel,))
+    f = lambda b: jax.vmap(lambda x, y: tp(x, y, w_shared, backend=b))  # noqa: E731
+    assert_close(f("cuda")(xs, ys), f("xla")(xs, ys), 1e-12)
+    n, e = 12, 50
+    x = rng.normal(size=(3, n, tp.irreps_in1.dim))
+    y = rng.normal(size=(3, e, tp.irreps_in2.dim))
+    w = rng.normal(size=(3, e, tp.weight_numel))
+    s, r = rng.integers(0, n, (3, e)), rng.integers(0, n, (3, e))
+    graphs = jax.vmap(lambda s, r: jequi.Graph.build(s, r, n))(s, r)
+    conv = lambda b: jax.vmap(lambda x, y, w, g: tp.conv(x, y, w, g, backend=b))  # noqa: E731
+    assert_close(conv("cuda")(x, y, w, graphs), conv("xla")(x, y, w, graphs), 1e-12)
+    grad = lambda b: jax.grad(lambda x, w: jnp.sum(jnp.sin(conv(b)(x, y, w, graphs))), argnums=(0, 1))  # noqa: E731
+    for a, b in zip(grad("cuda")(x, w), grad("xla")(x, w)):
+        assert_close(a, b, 1e-12)
+
+
+@gpu
+def test_conv_is_bitwise_deterministic_and_handles_empty_rows():
+    tp = PROBLEMS["uvu"]()
+    rng = np.random.default_rng(7)
+    n, e = 500, 20000
+    x, y, w, s, r = _graph(rng, tp, n, e, np.float32)
+    r[r == 3] = 4  # node 3 receives nothing
+    graph = jequi.Graph.build(s, r, n)
+    conv = jax.jit(lambda x, y, w: tp.conv(x, y, w, graph, backend="cuda"))
+    grads = jax.jit(jax.grad(lambda x, y, w: jnp.sum(jnp.sin(tp.conv(x, y, w, graph, backend="cuda"))), argnums=(0, 1, 2)))
+    runs = [[np.asarray(a) for a in (conv(x, y, w), *grads(x, y, w))] for _ in range(3)]
+    assert all(np.array_equal(a, b) for run in runs[1:] for a, b in zip(runs[0], run))
+    assert not np.any(runs[0][0][3])
+    empty = tp.conv(x, y[:0], w[:0], s[:0], r[:0], n, backend="cuda")
+    assert empty.shape == (n, tp.irreps_out.dim) and not np.any(np.asarray(empty))
