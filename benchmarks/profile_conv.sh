@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Nsight Compute profile of the Pallas kernels (device tool, Firecracker machines; ncu is
+# Nsight Compute profile of jequi's kernels (device tool, Firecracker machines; ncu is
 # told to leave the clocks alone). From the repo root, .peers carried:
 #   bash benchmarks/profile_conv.sh TAG [tune_conv.py args, e.g. --lane-sums tile]
+# SCRIPT picks another driver in benchmarks/ (profile_cuda.py for the CUDA kernels, with
+# KERNEL=jequi_ LAUNCHES=8 and its --repeat 1 --calls 1), LAUNCHES the launches profiled.
 # profiles the first two launches of kernels matching KERNEL (a regex, default jequi_conv,
 # which tune_conv.py's order makes the conv forward's first two launches: KERNEL=jequi_conv_bwd
 # for the backward, jequi_tp_fwd with --no-conv --tp-batch N for the batched forward) in
@@ -13,8 +15,8 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 sections=(SpeedOfLight LaunchStats Occupancy WarpStateStats SchedulerStats MemoryWorkloadAnalysis
           ComputeWorkloadAnalysis InstructionStats SourceCounters)
 cd benchmarks
-timeout "${PROFILE_TIMEOUT:-240}" ncu --clock-control none --kernel-name "regex:${KERNEL:-jequi_conv}" --launch-count 2 \
-  "${sections[@]/#/--section=}" -f -o "$OUT/$tag" python3 tune_conv.py "$@" > "$OUT/$tag.run.log" 2>&1
+timeout "${PROFILE_TIMEOUT:-240}" ncu --clock-control none --kernel-name "regex:${KERNEL:-jequi_conv}" --launch-count "${LAUNCHES:-2}" \
+  "${sections[@]/#/--section=}" -f -o "$OUT/$tag" python3 "${SCRIPT:-tune_conv.py}" "$@" > "$OUT/$tag.run.log" 2>&1
 ncu --import "$OUT/$tag.ncu-rep" --page details > "$OUT/$tag.txt" 2>&1
 grep -E "jequi_|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Local Memory|Executed Ipc A|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|Block Limit Reg|Stall|Shared Memory Configuration Size|Dynamic Shared" "$OUT/$tag.txt" | head -80
 ncu --import "$OUT/$tag.ncu-rep" --page raw > "$OUT/$tag.raw.txt" 2>&1

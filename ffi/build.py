@@ -143,19 +143,20 @@ def launcher() -> ctypes.CDLL:
 
 
 @functools.lru_cache(maxsize=None)
-def register(source: str) -> str:
-    """Compile `source`, hand its cubin to the handler and return the name calls use."""
+def register(source: str, entry: str) -> str:
+    """Compile `source`, hand its cubin (kernel `entry`) to the handler and return the name
+    calls use."""
     path = cubin(source)
     image = path.read_bytes()
     name = "jequi_" + path.stem
-    launcher().jequi_register_kernel(name.encode(), image, len(image), codegen.ENTRY.encode())
+    launcher().jequi_register_kernel(name.encode(), image, len(image), entry.encode())
     return name
 
 
 def call(kernel: codegen.Kernel, args, out_types, grid_x: int, unit: int, scalars):
     """Run `kernel` on `args` (arrays), returning results of `out_types`
     (``jax.ShapeDtypeStruct``\\ s): grid ``(grid_x, B)`` where ``B = args[0].size // unit``."""
-    name = register(kernel.source)
+    name = register(kernel.source, kernel.entry)
     fn = jax.ffi.ffi_call(TARGET, out_types, vmap_method="broadcast_all")
     return fn(
         *args,

@@ -1,6 +1,6 @@
 """CUDA source of jequi's kernels, generated per descriptor from its schedule.
 
-Four kinds, each one ``extern "C" __global__`` function named :data:`ENTRY`:
+Four kinds, each one ``extern "C" __global__`` function ``jequi_<kind>``:
 
 * ``tp_forward`` / ``tp_backward``: the batched product; a block owns 32 rows.
 * ``conv_forward``: a block owns a receiver and walks its edges (receiver order) in chunks
@@ -29,7 +29,6 @@ from jequi.descriptor import Segment
 from . import schedule
 from .schedule import LANES, Program, Term
 
-ENTRY = "jequi_kernel"
 # Dynamic shared memory a block may take: the largest chunk (32, 16 or 8 edges, one per lane
 # while A is built) whose A table and gy partials fit in it.
 SMEM_BUDGET = 64 * 1024
@@ -48,6 +47,10 @@ class Kernel:
     smem: int
     chunk: int  # edges (rows) per chunk; a batched kernel's block owns one chunk of rows
     programs: tuple[Program, ...]
+
+    @property
+    def entry(self) -> str:
+        return f"jequi_{self.kind}"
 
 
 class _Writer:
@@ -340,7 +343,7 @@ class _Kernel:
         self.build_a()
         w = self.w
         w("")
-        with w.block(f'extern "C" __global__ void __launch_bounds__({self.warps * LANES}) {ENTRY}({", ".join(self.params())})'):
+        with w.block(f'extern "C" __global__ void __launch_bounds__({self.warps * LANES}) jequi_{self.kind}({", ".join(self.params())})'):
             w("extern __shared__ __align__(16) unsigned char smem[];")
             w("T* As = reinterpret_cast<T*>(smem);", "T* gyp = As + K * NA;")
             w("int* s_edge = reinterpret_cast<int*>(gyp + K * GY);", "int* s_node = s_edge + K;")
