@@ -116,15 +116,18 @@ class _Kernel:
         else:
             regs = config.forward_registers if self.conv else config.batched_forward_registers
             self.programs = schedule.forward_programs(desc, self.dtype, regs)
-        self.warps = len(self.programs)
+        self.first_warp = list(np.cumsum([0] + [p.warps for p in self.programs[:-1]]))
+        self.warps = sum(p.warps for p in self.programs)
         self.vector = 16 // self.dtype.itemsize
-        self.layout = schedule.a_layout(self.programs, self.warps, self.vector)
+        self.layout = schedule.a_layout(self.programs, self.vector)
+        # gy partials: a row of GY values per edge, a slot per (program, warp, y position).
         self.gy_offsets, at = [], 0
         for p in self.programs:
             self.gy_offsets.append(at)
-            at += len(p.y_positions) if self.backward and self.needs_gy else 0
+            at += p.warps * len(p.y_positions) if self.backward and self.needs_gy else 0
         self.gy_stride = at
         self.chunk = next((k for k in (LANES, 16) if self.smem_for(k) <= SMEM_BUDGET), 8)
+        self.config = config
         self.w = _Writer()
 
     def smem_for(self, chunk: int) -> int:
@@ -166,25 +169,30 @@ class _Kernel:
                                 w(f"a[{base + m}] = {expr};")
                         w("break;")
 
-    def channel(self, p: Program):
+    def channel(self, q: int, p: Program):
+        """The lane's channel ``u`` (clamped into range: lanes past ``mul`` load valid data,
+        compute, and store nothing) and its segments' first elements."""
         w = self.w
-        if p.mul % LANES == 0 or p.lane0 + LANES <= p.mul:
-            w(f"const int u = {p.lane0} + lane;", "const bool active = true;")
+        w(f"const int u0 = {'0' if p.warps == 1 else f'(warp - {self.first_warp[q]}) * {LANES}'};")
+        if p.mul % LANES == 0:
+            w("const int u = u0 + lane;", "const bool active = true;")
         else:
-            w(f"const int u = min({p.lane0} + lane, {p.mul - 1});", f"const bool active = {p.lane0} + lane < {p.mul};")
+            w(f"const int u = min(u0 + lane, {p.mul - 1});", f"const bool active = u0 + lane < {p.mul};")
         for prefix, segments in (("bx", p.x_segments), ("bo", p.out_segments)):
             for s in segments:
                 w(f"const int {prefix}{s.offset} = {_base(s, 'u')[0]};")
 
-    def load_x(self, p: Program, names: _Names, row: str):
-        for s in p.x_segments:
-            _, stride = _base(s, "u")
-            for i in range(s.ir_dim):
-                self.w(f"const T {names.x(s, i)} = {row}[bx{s.offset} + {i * stride}];")
+    @staticmethod
+    def x_loads(p: Program, names: _Names, row: str) -> list[tuple[str, str]]:
+        return [(names.x(s, i), f"{row}[bx{s.offset} + {i * _base(s, 'u')[1]}]") for s in p.x_segments for i in range(s.ir_dim)]
 
-    def load_w(self, p: Program, names: _Names, row: str):
-        for t in p.terms:
-            self.w(f"const T {names.w(t)} = {row}[{t.weight_position('u')}];")
+    @staticmethod
+    def w_loads(p: Program, names: _Names, row: str) -> list[tuple[str, str]]:
+        return [(names.w(t), f"{row}[{t.weight_position('u')}]") for t in p.terms]
+
+    @staticmethod
+    def g_loads(p: Program, row: str) -> list[tuple[str, str]]:
+        return [(f"g{s.offset}_{k}", f"{row}[bo{s.offset} + {k * _base(s, 'u')[1]}]") for s in p.out_segments for k in range(s.ir_dim)]
 
     def load_a(self, t: Term, names: _Names, row: str) -> list[str]:
         """Vector loads of term `t`'s ``A`` entries; returns the C name of each entry."""
@@ -196,21 +204,44 @@ class _Kernel:
             out += [f"a{tag}_{q}.{c}" for c in "xyzw"[: self.vector]]
         return out[:n]
 
+    def prefetched_loop(self, n: str, pointers, loads, body):
+        """``for kk < n: body(kk)`` with edge (row) kk + 1's `loads` issued before edge kk's
+        arithmetic. ``pointers(k)``: C lines declaring edge k's row pointers (names ending in
+        the suffix it is given); ``loads(suffix)``: ``(name, expression)`` of each value."""
+        w = self.w
+        values = loads("_n")
+        if len(values) * (self.dtype.itemsize // 4) > self.config.prefetch:
+            with w.block(f"for (int kk = 0; kk < {n}; ++kk)"):
+                w(*pointers("kk", "_n"))
+                for name, expr in values:
+                    w(f"const T {name} = {expr};")
+                body()
+            return
+        w(f"T {', '.join('p' + name for name, _ in values)};")
+        with w.block(f"if ({n} > 0)"):
+            w(*pointers("0", "_n"))
+            for name, expr in values:
+                w(f"p{name} = {expr};")
+        with w.block(f"for (int kk = 0; kk < {n}; ++kk)"):
+            for name, _ in values:
+                w(f"const T {name} = p{name};")
+            with w.block(f"if (kk + 1 < {n})"):
+                w(*pointers("kk + 1", "_n"))
+                for name, expr in values:
+                    w(f"p{name} = {expr};")
+            body()
+
     # --- forward ---------------------------------------------------------------------------
-    def forward_edge(self, p: Program, names: _Names, xrow: str, wrow: str | None, arow: str):
+    def forward_math(self, p: Program, names: _Names, arow: str):
         """One edge's (row's) multiply-adds into the ``acc`` sums."""
         w = self.w
-        self.load_x(p, names, xrow)
-        if wrow is not None:
-            self.load_w(p, names, wrow)
         for t in p.terms:
             tag = names.term[id(t)]
             for i in sorted({i for i, _ in t.entries}):
                 w(f"const T wx{tag}_{i} = {names.w(t)} * {names.x(t.x, i)};")
         for t in p.terms:
             tag = names.term[id(t)]
-            values = self.load_a(t, names, arow)
-            for (i, k), a in zip(t.entries, values):
+            for (i, k), a in zip(t.entries, self.load_a(t, names, arow)):
                 acc = f"acc{t.out.offset}_{k}"
                 w(f"{acc} = fma({a}, wx{tag}_{i}, {acc});")
 
@@ -225,50 +256,37 @@ class _Kernel:
                 self.w(f"if (active) {row}[bo{s.offset} + {k * stride}] = acc{s.offset}_{k};")
 
     # --- backward --------------------------------------------------------------------------
-    def backward_edge(self, p: Program, q: int, names: _Names, wrow: str | None, grow: str, arow: str,
-                      gwrow: str | None, gyrow: str):  # fmt: skip
+    def backward_math(self, q: int, p: Program, names: _Names, arow: str, gwrow: str, gyrow: str):
         """One edge's (row's) gradients: ``gw`` stored (or summed, shared weights), ``gx``
-        added to the ``gx`` sums, ``gy``'s warp sum written to shared memory row `gyrow`."""
+        added to the ``gx`` sums, ``gy``'s warp sums written to shared memory row `gyrow`."""
         w = self.w
-        if wrow is not None:
-            self.load_w(p, names, wrow)
-        for s in p.out_segments:
-            _, stride = _base(s, "u")
-            for k in range(s.ir_dim):
-                w(f"const T g{s.offset}_{k} = {grow}[bo{s.offset} + {k * stride}];")
-        need_v = self.needs_gx or self.needs_gw
-        for t in p.terms:
-            tag = names.term[id(t)]
-            if need_v:
-                values = self.load_a(t, names, arow)
+        if self.needs_gx or self.needs_gw:
+            for t in p.terms:
+                tag = names.term[id(t)]
                 v = {}
-                for (i, k), a in zip(t.entries, values):
-                    prod = f"{a} * g{t.out.offset}_{k}"
-                    v[i] = f"fma({a}, g{t.out.offset}_{k}, {v[i]})" if i in v else prod
+                for (i, k), a in zip(t.entries, self.load_a(t, names, arow)):
+                    v[i] = f"fma({a}, g{t.out.offset}_{k}, {v[i]})" if i in v else f"{a} * g{t.out.offset}_{k}"
                 for i, expr in v.items():
                     w(f"const T v{tag}_{i} = {expr};")
                 if self.needs_gw:
                     expr = None
                     for i in v:
-                        term = f"{names.x(t.x, i)} * v{tag}_{i}"
-                        expr = f"fma({names.x(t.x, i)}, v{tag}_{i}, {expr})" if expr else term
+                        expr = f"fma({names.x(t.x, i)}, v{tag}_{i}, {expr})" if expr else f"{names.x(t.x, i)} * v{tag}_{i}"
                     if self.shared:
                         w(f"if (active) gw{tag} += {expr};")
                     else:
                         w(f"if (active) {gwrow}[{t.weight_position('u')}] = {expr};")
                 if self.needs_gx:
                     for i in v:
-                        acc = f"gx{t.x.offset}_{i}"
-                        w(f"{acc} = fma({names.w(t)}, v{tag}_{i}, {acc});")
+                        w(f"gx{t.x.offset}_{i} = fma({names.w(t)}, v{tag}_{i}, gx{t.x.offset}_{i});")
         if self.needs_gy:
             ys = p.y_positions
             w(f"T {', '.join(f'gy{j} = 0' for j in ys)};")
             for t in p.terms:
                 tag = names.term[id(t)]
-                wm = f"wm{tag}"
-                w(f"const T {wm} = active ? {names.w(t)} : T(0);")
+                w(f"const T wm{tag} = active ? {names.w(t)} : T(0);")
                 for i in sorted({i for i, _, _, _ in t.nonzeros}):
-                    w(f"const T xw{tag}_{i} = {wm} * {names.x(t.x, i)};")
+                    w(f"const T xw{tag}_{i} = wm{tag} * {names.x(t.x, i)};")
                 pairs: dict[tuple[int, int], list] = {}
                 for i, j, k, c in t.nonzeros:
                     pairs.setdefault((i, k), []).append((j, c))
@@ -277,7 +295,8 @@ class _Kernel:
                     for j, c in js:
                         y = int(t.y_positions[j])
                         w(f"gy{y} = fma({_lit(c)}, p{tag}_{i}_{k}, gy{y});")
-            self.warp_sum([f"gy{j}" for j in ys], f"{gyrow} + {self.gy_offsets[q]}")
+            slot = f"{self.gy_offsets[q]} + (warp - {self.first_warp[q]}) * {len(ys)}"
+            self.warp_sum([f"gy{j}" for j in ys], f"{gyrow} + {slot}")
 
     def warp_sum(self, values: list[str], dest: str):
         """Sum each of `values` over the warp's lanes and write sum n to ``dest[n]``: a
@@ -308,22 +327,20 @@ class _Kernel:
                 cond = f"(lane & {(1 << shift) - 1}) == 0 && " if shift else ""
                 w(f"if ({cond}idx < {len(chunk)}) ({dest})[{c0} + idx] = total;")
 
-    def gy_finalize(self, n: str, edge_of: str, gy: str):
-        """Threads sum the warps' ``gy`` rows of the chunk's `n` edges in a fixed order and
-        store them (``edge_of(kk)``: the C expression of edge kk's row)."""
+    def gy_finalize(self, n: str, edge_of: str):
+        """The chunk's `n` edges' ``gy`` rows: the warps' partials summed in a fixed order,
+        one thread per edge (``edge_of``: C expression of edge kk's row)."""
         w = self.w
         _, d2, _ = self.desc.dims
         owners: dict[int, list[int]] = {}
         for q, p in enumerate(self.programs):
-            for idx, j in enumerate(p.y_positions):
-                owners.setdefault(j, []).append(self.gy_offsets[q] + idx)
-        with w.block(f"for (int t = threadIdx.x; t < {n} * D2; t += blockDim.x)"):
-            w("const int kk = t / D2, j = t - kk * D2;", "const T* g = gyp + kk * GY;", "T s = 0;")
-            with w.block("switch (j)"):
-                for j in range(d2):
-                    if j in owners:
-                        w(f"case {j}: s = {' + '.join(f'g[{o}]' for o in owners[j])}; break;")
-            w(f"{gy}[(long long)({edge_of}) * D2 + j] = s;")
+            for c in range(p.warps):
+                for idx, j in enumerate(p.y_positions):
+                    owners.setdefault(j, []).append(self.gy_offsets[q] + c * len(p.y_positions) + idx)
+        with w.block(f"for (int kk = threadIdx.x; kk < {n}; kk += blockDim.x)"):
+            w("const T* g = gyp + kk * GY;", f"T* out = gy + (long long)({edge_of}) * D2;")
+            for j in range(d2):
+                w(f"out[{j}] = {' + '.join(f'g[{o}]' for o in owners[j]) if j in owners else 'T(0)'};")
 
     # --- kernels -----------------------------------------------------------------------------
     def params(self) -> list[str]:
@@ -343,7 +360,7 @@ class _Kernel:
         self.build_a()
         w = self.w
         w("")
-        with w.block(f'extern "C" __global__ void __launch_bounds__({self.warps * LANES}) jequi_{self.kind}({", ".join(self.params())})'):
+        with w.block(f'extern "C" __global__ void __launch_bounds__({self.warps * LANES}, {self.config.min_blocks}) jequi_{self.kind}({", ".join(self.params())})'):
             w("extern __shared__ __align__(16) unsigned char smem[];")
             w("T* As = reinterpret_cast<T*>(smem);", "T* gyp = As + K * NA;")
             w("int* s_edge = reinterpret_cast<int*>(gyp + K * GY);", "int* s_node = s_edge + K;")
@@ -355,7 +372,6 @@ class _Kernel:
         """Advance every pointer to batch element ``b`` (jax.vmap's grid rows)."""
         w = self.w
         edges = edges or rows
-        d1, d2, dout = self.desc.dims
         w(f"x += b * {rows if not self.conv else 'num_senders'} * D1;", f"y += b * {edges} * D2;")
         w(f"w += b * {'NW' if self.shared else f'{edges} * NW'};")
         if self.backward:
@@ -373,17 +389,28 @@ class _Kernel:
             w("order += b * num_edges;", "other += b * num_edges;")
             w(f"offsets += b * ({'num_nodes + 1' if not self.backward else 'num_senders + 2'});")
 
-    def _cases(self, body):
+    def _programs(self, body):
+        """Each program's code, run by its warps."""
         w = self.w
-        with w.block("switch (warp)"):
-            for q, p in enumerate(self.programs):
-                with w.block(f"case {q}:"):
-                    body(q, p, _Names(list(p.terms)))
-                    w("break;")
+        for q, p in enumerate(self.programs):
+            head = "if" if q == 0 else "else if"
+            cond = f"warp < {self.first_warp[q] + p.warps}" if q < len(self.programs) - 1 else None
+            with w.block(f"{head} ({cond})" if cond else ("else" if q else "")):
+                self.channel(q, p)
+                names = _Names(list(p.terms))
+                if self.shared:
+                    for name, expr in self.w_loads(p, names, "w"):
+                        w(f"const T {name} = {expr};")
+                body(q, p, names)
 
-    def _hoisted_w(self, p, names):
-        if self.shared:
-            self.load_w(p, names, "w")
+    def _chunk_a(self):
+        """Build ``A`` for the chunk's edges (and note their edge and node ids), then wait."""
+        w = self.w
+        with w.block("if (lane < n)"):
+            w("const int e = order[base + lane];")
+            w("if (warp == 0) { s_edge[lane] = e; s_node[lane] = other[base + lane]; }")
+            w("build_a(warp, y + (long long)e * D2, As + lane * NA);")
+        w("__syncthreads();")
 
     def tp_forward(self):
         w = self.w
@@ -392,15 +419,18 @@ class _Kernel:
         w("if (lane < n) build_a(warp, y + (row0 + lane) * D2, As + lane * NA);", "__syncthreads();")
 
         def body(q, p, names):
-            self.channel(p)
-            self._hoisted_w(p, names)
-            with w.block("for (int kk = 0; kk < n; ++kk)"):
-                w("const long long row = row0 + kk;")
-                self.declare_acc(p)
-                self.forward_edge(p, names, "(x + row * D1)", None if self.shared else "(w + row * NW)", "(As + kk * NA)")
-                self.store_acc(p, "(out + row * DOUT)")
+            def loads(sfx):
+                return self.x_loads(p, names, "xr" + sfx) + ([] if self.shared else self.w_loads(p, names, "wr" + sfx))
 
-        self._cases(body)
+            def math():
+                self.declare_acc(p)
+                self.forward_math(p, names, "(As + kk * NA)")
+                self.store_acc(p, "(out + (row0 + kk) * DOUT)")
+
+            pointers = lambda k, sfx: [f"const T* xr{sfx} = x + (row0 + {k}) * D1;", f"const T* wr{sfx} = w + (row0 + {k}) * NW;"]  # noqa: E731
+            self.prefetched_loop("n", pointers, loads, math)
+
+        self._programs(body)
 
     def conv_forward(self):
         w = self.w
@@ -408,31 +438,29 @@ class _Kernel:
         w("const int r = blockIdx.x;", "const int start = offsets[r], end = offsets[r + 1];")
 
         def body(q, p, names):
-            self.channel(p)
-            self._hoisted_w(p, names)
             self.declare_acc(p)
             with w.block("for (int base = start; base < end; base += K)"):
                 w("const int n = min(K, end - base);")
-                with w.block("if (lane < n)"):
-                    w("const int e = order[base + lane];")
-                    w("if (warp == 0) { s_edge[lane] = e; s_node[lane] = other[base + lane]; }")
-                    w("build_a(warp, y + (long long)e * D2, As + lane * NA);")
-                w("__syncthreads();")
-                with w.block("for (int kk = 0; kk < n; ++kk)"):
-                    w("const long long e = s_edge[kk], s = s_node[kk];")
-                    self.forward_edge(p, names, "(x + s * D1)", None if self.shared else "(w + e * NW)", "(As + kk * NA)")
+                self._chunk_a()
+
+                def loads(sfx):
+                    return self.x_loads(p, names, "xr" + sfx) + ([] if self.shared else self.w_loads(p, names, "wr" + sfx))
+
+                pointers = lambda k, sfx: [f"const T* xr{sfx} = x + (long long)s_node[{k}] * D1;", f"const T* wr{sfx} = w + (long long)s_edge[{k}] * NW;"]  # noqa: E731
+                self.prefetched_loop("n", pointers, loads, lambda: self.forward_math(p, names, "(As + kk * NA)"))
                 w("__syncthreads();")
             self.store_acc(p, "(out + (long long)r * DOUT)")
 
-        self._cases(body)
+        self._programs(body)
 
-    def _declare_backward_sums(self, p, names, gx: bool = True):
-        w = self.w
-        if self.needs_gx and gx:
+    def _declare_gx(self, p):
+        if self.needs_gx:
             for s in p.x_segments:
-                w(f"T {', '.join(f'gx{s.offset}_{i} = 0' for i in range(s.ir_dim))};")
+                self.w(f"T {', '.join(f'gx{s.offset}_{i} = 0' for i in range(s.ir_dim))};")
+
+    def _declare_shared_gw(self, p, names):
         if self.needs_gw and self.shared:
-            w(f"T {', '.join(f'gw{names.term[id(t)]} = 0' for t in p.terms)};")
+            self.w(f"T {', '.join(f'gw{names.term[id(t)]} = 0' for t in p.terms)};")
 
     def _store_gx(self, p, row):
         if self.needs_gx:
@@ -453,24 +481,28 @@ class _Kernel:
         w("if (lane < n) build_a(warp, y + (row0 + lane) * D2, As + lane * NA);", "__syncthreads();")
 
         def body(q, p, names):
-            self.channel(p)
-            self._hoisted_w(p, names)
-            self._declare_backward_sums(p, names, gx=False)
-            with w.block("for (int kk = 0; kk < n; ++kk)"):
-                w("const long long row = row0 + kk;")
-                if self.needs_gx:
-                    for s in p.x_segments:
-                        w(f"T {', '.join(f'gx{s.offset}_{i} = 0' for i in range(s.ir_dim))};")
-                self.load_x(p, names, "(x + row * D1)")
-                self.backward_edge(p, q, names, None if self.shared else "(w + row * NW)", "(gz + row * DOUT)",
-                                   "(As + kk * NA)", "(gw + row * NW)", "(gyp + kk * GY)")  # fmt: skip
-                self._store_gx(p, "(gx + row * D1)")
+            self._declare_shared_gw(p, names)
+
+            def loads(sfx):
+                out = self.x_loads(p, names, "xr" + sfx) + self.g_loads(p, "gr" + sfx)
+                return out + ([] if self.shared else self.w_loads(p, names, "wr" + sfx))
+
+            def math():
+                self._declare_gx(p)
+                self.backward_math(q, p, names, "(As + kk * NA)", "(gw + (row0 + kk) * NW)", "(gyp + kk * GY)")
+                self._store_gx(p, "(gx + (row0 + kk) * D1)")
+
+            pointers = lambda k, sfx: [  # noqa: E731
+                f"const T* xr{sfx} = x + (row0 + {k}) * D1;", f"const T* wr{sfx} = w + (row0 + {k}) * NW;",
+                f"const T* gr{sfx} = gz + (row0 + {k}) * DOUT;",
+            ]  # fmt: skip
+            self.prefetched_loop("n", pointers, loads, math)
             self._store_shared_gw(p, names, "(gw + (long long)blockIdx.x * NW)")
 
-        self._cases(body)
+        self._programs(body)
         if self.needs_gy:
             w("__syncthreads();")
-            self.gy_finalize("n", "row0 + kk", "gy")
+            self.gy_finalize("n", "row0 + kk")
 
     def conv_backward(self):
         w = self.w
@@ -487,32 +519,32 @@ class _Kernel:
             if self.needs_gw and self.shared:
                 w("for (int j = threadIdx.x; j < NW; j += blockDim.x) gw[(long long)s * NW + j] = 0;")
             w("return;")
-        w("__syncthreads();")
 
         def body(q, p, names):
-            self.channel(p)
-            self._hoisted_w(p, names)
-            self._declare_backward_sums(p, names)
-            self.load_x(p, names, "(x + (long long)s * D1)")
+            self._declare_gx(p)
+            self._declare_shared_gw(p, names)
+            for name, expr in self.x_loads(p, names, "(x + (long long)s * D1)"):
+                w(f"const T {name} = {expr};")
             with w.block("for (int base = start; base < end; base += K)"):
                 w("const int n = min(K, end - base);")
-                with w.block("if (lane < n)"):
-                    w("const int e = order[base + lane];")
-                    w("if (warp == 0) { s_edge[lane] = e; s_node[lane] = other[base + lane]; }")
-                    w("build_a(warp, y + (long long)e * D2, As + lane * NA);")
-                w("__syncthreads();")
-                with w.block("for (int kk = 0; kk < n; ++kk)"):
-                    w("const long long e = s_edge[kk], r = s_node[kk];")
-                    self.backward_edge(p, q, names, None if self.shared else "(w + e * NW)", "(gz + r * DOUT)",
-                                       "(As + kk * NA)", "(gw + e * NW)", "(gyp + kk * GY)")  # fmt: skip
+                self._chunk_a()
+
+                def loads(sfx):
+                    return self.g_loads(p, "gr" + sfx) + ([] if self.shared else self.w_loads(p, names, "wr" + sfx))
+
+                pointers = lambda k, sfx: [f"const T* gr{sfx} = gz + (long long)s_node[{k}] * DOUT;", f"const T* wr{sfx} = w + (long long)s_edge[{k}] * NW;"]  # noqa: E731
+                self.prefetched_loop(
+                    "n", pointers, loads,
+                    lambda: self.backward_math(q, p, names, "(As + kk * NA)", "(gw + (long long)s_edge[kk] * NW)", "(gyp + kk * GY)"),
+                )  # fmt: skip
                 w("__syncthreads();")
                 if self.needs_gy:
-                    self.gy_finalize("n", "order[base + kk]", "gy")
+                    self.gy_finalize("n", "s_edge[kk]")
                     w("__syncthreads();")
             self._store_gx(p, "(gx + (long long)s * D1)")
             self._store_shared_gw(p, names, "(gw + (long long)s * NW)")
 
-        self._cases(body)
+        self._programs(body)
 
 
 def generate(desc, dtype, kind: str, needs=(True, True, True), shared: bool = False,

@@ -7,8 +7,7 @@ one per ``v``: for a fixed ``y`` row the term's coefficients collapse into a sma
 ``z[u, k] += w[u, v] * sum_i A[i, k] x[u, i]``. The kernels build ``A`` once per edge (or row)
 in shared memory, from the coefficients below as literals, and every lane reads it by broadcast.
 
-A :class:`Program` is one warp's share: 32 channels of a group of segments with the same
-multiplicity and a set of terms. Forward programs own output segments (their sums stay in
+A :class:`Program` is a set of terms of one multiplicity, run by one warp per 32 channels. Forward programs own output segments (their sums stay in
 registers); backward programs own ``x`` segments (their ``gx`` sums), so no two warps write the
 same element. :func:`forward_programs` and :func:`backward_programs` partition the terms, balanced
 by arithmetic and bounded by a register budget (:class:`Config`).
@@ -36,12 +35,17 @@ class Config:
     its edge loop (a float64 sum takes two); a wider output is split over more warps.
     ``batched_forward_registers``: the same for the batched forward, whose sums live for one
     row only. ``backward_warps``: at most this many programs per channel warp in a backward
-    (each owns whole ``x`` segments).
+    (each owns whole ``x`` segments). ``prefetch``: load the next edge's (row's) operands
+    before this one's arithmetic where they take at most this many 32-bit registers per lane
+    (0: never). ``min_blocks``: blocks per multiprocessor
+    the compiler must leave room for (``__launch_bounds__``; it caps registers per thread).
     """
 
     forward_registers: int = 64
     batched_forward_registers: int = 128
     backward_warps: int = 3
+    prefetch: int = 64
+    min_blocks: int = 1
 
 
 DEFAULT = Config()
@@ -102,12 +106,15 @@ class Term:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Program:
-    """One warp's share of a kernel: channels ``lane0 .. lane0 + 31`` (those below ``mul``)
-    of `terms`."""
+    """The terms a group of warps computes, one warp per 32 channels of the group's `mul`
+    (the warps run one copy of the code: the channel offset is the warp's place in the group)."""
 
     mul: int
-    lane0: int
     terms: tuple[Term, ...]
+
+    @property
+    def warps(self) -> int:
+        return -(-self.mul // LANES)
 
     @property
     def x_segments(self) -> list[Segment]:
@@ -171,10 +178,6 @@ def _groups(desc) -> dict[int, list[Term]]:
     return out
 
 
-def _programs(mul: int, bins: list[list[Term]]) -> list[Program]:
-    return [Program(mul, lane0, tuple(b)) for b in bins for lane0 in range(0, mul, LANES)]
-
-
 def forward_programs(desc, dtype, registers: int) -> list[Program]:
     """Warps of a forward: per group, output segments binned so that each warp's sums fit in
     `registers` 32-bit registers per lane."""
@@ -190,7 +193,7 @@ def forward_programs(desc, dtype, registers: int) -> list[Program]:
             if all(sum(o.ir_dim for o in p) * words <= registers for p in parts) or bins >= len(outs):
                 break
             bins += 1
-        programs += _programs(mul, [[t for t in group if any(t.out is o for o in p)] for p in parts])
+        programs += [Program(mul, tuple(t for t in group if any(t.out is o for o in p))) for p in parts]
     return programs
 
 
@@ -202,7 +205,7 @@ def backward_programs(desc, max_bins: int) -> list[Program]:
         xs = _unique(t.x for t in group)
         cost = {id(s): sum(t.backward_cost for t in group if t.x is s) for s in xs}
         parts = _partition(xs, lambda s: cost[id(s)], lambda s: 0, min(max_bins, len(xs)), 0)
-        programs += _programs(mul, [[t for t in group if any(t.x is s for s in p)] for p in parts])
+        programs += [Program(mul, tuple(t for t in group if any(t.x is s for s in p))) for p in parts]
     return programs
 
 
@@ -217,7 +220,7 @@ class ALayout:
     builders: list[list[Term]]  # per warp: the terms whose entries it builds
 
 
-def a_layout(programs: list[Program], warps: int, vector: int) -> ALayout:
+def a_layout(programs: list[Program], vector: int) -> ALayout:
     slots, at = {}, 0
     ordered = _unique(t for p in programs for t in p.terms)
     for t in ordered:
@@ -226,6 +229,7 @@ def a_layout(programs: list[Program], warps: int, vector: int) -> ALayout:
     length = max(vector, at)
     if (length // vector) % 2 == 0:  # an odd number of vectors: lanes (one edge each) write rows in distinct banks
         length += vector
+    warps = sum(p.warps for p in programs)
     builders = [[] for _ in range(warps)]
     loads = [0] * warps
     for t in sorted(ordered, key=lambda t: len(t.entries), reverse=True):

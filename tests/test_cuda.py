@@ -55,13 +55,10 @@ def test_schedule_reproduces_the_cg_blocks():
                 dense[i, j, k] = c
             np.testing.assert_allclose(dense, t.cg, atol=1e-15)
         for programs in (schedule.forward_programs(desc, np.float32, 8), schedule.backward_programs(desc, 2)):
-            covered = sorted((id(t), p.lane0) for p in programs for t in p.terms)
-            expected = sorted((id(t), lane0) for t in terms for lane0 in range(0, t.x.mul, schedule.LANES))
-            assert covered == expected
-        backward = schedule.backward_programs(desc, 2)
-        for p in backward:  # backward warps own whole x segments
-            others = [q for q in backward if q is not p and q.lane0 == p.lane0]
-            assert not {s.offset for s in p.x_segments} & {s.offset for q in others for s in q.x_segments}
+            assert sorted(id(t) for p in programs for t in p.terms) == sorted(id(t) for t in terms)
+            assert all(t.x.mul == p.mul for p in programs for t in p.terms)
+        owners = [{s.offset for s in p.x_segments} for p in schedule.backward_programs(desc, 2)]
+        assert sum(map(len, owners)) == len(set().union(*owners))  # backward programs own whole x segments
 
 
 def test_forward_programs_respect_the_register_budget():
