@@ -77,6 +77,10 @@ def _lit(c: float) -> str:
     return f"T({float(c)!r})"
 
 
+def _load(row: str, index: str, stream: bool) -> str:
+    return f"__ldcs({row} + {index})" if stream else f"__ldg({row} + {index})"
+
+
 class _Names:
     """C names of a program's values, by segment and term."""
 
@@ -182,17 +186,20 @@ class _Kernel:
             for s in segments:
                 w(f"const int {prefix}{s.offset} = {_base(s, 'u')[0]};")
 
+    # Loads and stores of data read or written once (a row of the batched product, an edge's
+    # weights and gradients, an output row) stream past the caches (.cs): the gathered rows
+    # (x by sender, the cotangent by receiver) keep L2 to themselves.
     @staticmethod
-    def x_loads(p: Program, names: _Names, row: str) -> list[tuple[str, str]]:
-        return [(names.x(s, i), f"{row}[bx{s.offset} + {i * _base(s, 'u')[1]}]") for s in p.x_segments for i in range(s.ir_dim)]
+    def x_loads(p: Program, names: _Names, row: str, stream: bool) -> list[tuple[str, str]]:
+        return [(names.x(s, i), _load(row, f"bx{s.offset} + {i * _base(s, 'u')[1]}", stream)) for s in p.x_segments for i in range(s.ir_dim)]
 
     @staticmethod
-    def w_loads(p: Program, names: _Names, row: str) -> list[tuple[str, str]]:
-        return [(names.w(t), f"{row}[{t.weight_position('u')}]") for t in p.terms]
+    def w_loads(p: Program, names: _Names, row: str, stream: bool = True) -> list[tuple[str, str]]:
+        return [(names.w(t), _load(row, t.weight_position("u"), stream)) for t in p.terms]
 
     @staticmethod
-    def g_loads(p: Program, row: str) -> list[tuple[str, str]]:
-        return [(f"g{s.offset}_{k}", f"{row}[bo{s.offset} + {k * _base(s, 'u')[1]}]") for s in p.out_segments for k in range(s.ir_dim)]
+    def g_loads(p: Program, row: str, stream: bool) -> list[tuple[str, str]]:
+        return [(f"g{s.offset}_{k}", _load(row, f"bo{s.offset} + {k * _base(s, 'u')[1]}", stream)) for s in p.out_segments for k in range(s.ir_dim)]
 
     def load_a(self, t: Term, names: _Names, row: str) -> list[str]:
         """Vector loads of term `t`'s ``A`` entries; returns the C name of each entry."""
@@ -231,6 +238,21 @@ class _Kernel:
                     w(f"p{name} = {expr};")
             body()
 
+    def l2_prefetch(self, rows: list[tuple[str, str, str]]):
+        """Ask L2 for the rows of the edge :attr:`Config.l2_prefetch` steps ahead, the block's
+        threads a 128-byte line each: ``(array, index array, row length)`` per row."""
+        d = self.config.l2_prefetch
+        if not d or not rows:
+            return
+        w = self.w
+        with w.block(""):
+            w(f"const int pk = base + kk + {d};")
+            with w.block("if (pk < end)"):
+                for array, index, length in rows:
+                    w(f"const char* pr{array} = reinterpret_cast<const char*>({array} + (long long){index}[pk] * {length});")
+                    w(f"for (int l = threadIdx.x * 128; l < {length} * (int)sizeof(T); l += blockDim.x * 128) "
+                      f'asm volatile("prefetch.global.L2 [%0];" :: "l"(pr{array} + l));')
+
     # --- forward ---------------------------------------------------------------------------
     def forward_math(self, p: Program, names: _Names, arow: str):
         """One edge's (row's) multiply-adds into the ``acc`` sums."""
@@ -253,7 +275,7 @@ class _Kernel:
         for s in p.out_segments:
             _, stride = _base(s, "u")
             for k in range(s.ir_dim):
-                self.w(f"if (active) {row}[bo{s.offset} + {k * stride}] = acc{s.offset}_{k};")
+                self.w(f"if (active) __stcs({row} + bo{s.offset} + {k * stride}, acc{s.offset}_{k});")
 
     # --- backward --------------------------------------------------------------------------
     def backward_math(self, q: int, p: Program, names: _Names, arow: str, gwrow: str, gyrow: str):
@@ -275,7 +297,7 @@ class _Kernel:
                     if self.shared:
                         w(f"if (active) gw{tag} += {expr};")
                     else:
-                        w(f"if (active) {gwrow}[{t.weight_position('u')}] = {expr};")
+                        w(f"if (active) __stcs({gwrow} + {t.weight_position('u')}, {expr});")
                 if self.needs_gx:
                     for i in v:
                         w(f"gx{t.x.offset}_{i} = fma({names.w(t)}, v{tag}_{i}, gx{t.x.offset}_{i});")
@@ -340,7 +362,7 @@ class _Kernel:
         with w.block(f"for (int kk = threadIdx.x; kk < {n}; kk += blockDim.x)"):
             w("const T* g = gyp + kk * GY;", f"T* out = gy + (long long)({edge_of}) * D2;")
             for j in range(d2):
-                w(f"out[{j}] = {' + '.join(f'g[{o}]' for o in owners[j]) if j in owners else 'T(0)'};")
+                w(f"__stcs(out + {j}, {' + '.join(f'g[{o}]' for o in owners[j]) if j in owners else 'T(0)'});")
 
     # --- kernels -----------------------------------------------------------------------------
     def params(self) -> list[str]:
@@ -360,7 +382,7 @@ class _Kernel:
         self.build_a()
         w = self.w
         w("")
-        with w.block(f'extern "C" __global__ void __launch_bounds__({self.warps * LANES}, {self.config.min_blocks}) jequi_{self.kind}({", ".join(self.params())})'):
+        with w.block(f'extern "C" __global__ void __launch_bounds__({self.warps * LANES}, {max(1, -(-self.config.min_warps // self.warps))}) jequi_{self.kind}({", ".join(self.params())})'):
             w("extern __shared__ __align__(16) unsigned char smem[];")
             w("T* As = reinterpret_cast<T*>(smem);", "T* gyp = As + K * NA;")
             w("int* s_edge = reinterpret_cast<int*>(gyp + K * GY);", "int* s_node = s_edge + K;")
@@ -399,7 +421,7 @@ class _Kernel:
                 self.channel(q, p)
                 names = _Names(list(p.terms))
                 if self.shared:
-                    for name, expr in self.w_loads(p, names, "w"):
+                    for name, expr in self.w_loads(p, names, "w", stream=False):
                         w(f"const T {name} = {expr};")
                 body(q, p, names)
 
@@ -420,7 +442,7 @@ class _Kernel:
 
         def body(q, p, names):
             def loads(sfx):
-                return self.x_loads(p, names, "xr" + sfx) + ([] if self.shared else self.w_loads(p, names, "wr" + sfx))
+                return self.x_loads(p, names, "xr" + sfx, True) + ([] if self.shared else self.w_loads(p, names, "wr" + sfx))
 
             def math():
                 self.declare_acc(p)
@@ -444,10 +466,14 @@ class _Kernel:
                 self._chunk_a()
 
                 def loads(sfx):
-                    return self.x_loads(p, names, "xr" + sfx) + ([] if self.shared else self.w_loads(p, names, "wr" + sfx))
+                    return self.x_loads(p, names, "xr" + sfx, False) + ([] if self.shared else self.w_loads(p, names, "wr" + sfx))
 
                 pointers = lambda k, sfx: [f"const T* xr{sfx} = x + (long long)s_node[{k}] * D1;", f"const T* wr{sfx} = w + (long long)s_edge[{k}] * NW;"]  # noqa: E731
-                self.prefetched_loop("n", pointers, loads, lambda: self.forward_math(p, names, "(As + kk * NA)"))
+                def math():
+                    self.l2_prefetch([] if self.shared else [("w", "order", "NW")])
+                    self.forward_math(p, names, "(As + kk * NA)")
+
+                self.prefetched_loop("n", pointers, loads, math)
                 w("__syncthreads();")
             self.store_acc(p, "(out + (long long)r * DOUT)")
 
@@ -467,12 +493,12 @@ class _Kernel:
             for s in p.x_segments:
                 _, stride = _base(s, "u")
                 for i in range(s.ir_dim):
-                    self.w(f"if (active) {row}[bx{s.offset} + {i * stride}] = gx{s.offset}_{i};")
+                    self.w(f"if (active) __stcs({row} + bx{s.offset} + {i * stride}, gx{s.offset}_{i});")
 
     def _store_shared_gw(self, p, names, row):
         if self.needs_gw and self.shared:
             for t in p.terms:
-                self.w(f"if (active) {row}[{t.weight_position('u')}] = gw{names.term[id(t)]};")
+                self.w(f"if (active) __stcs({row} + {t.weight_position('u')}, gw{names.term[id(t)]});")
 
     def tp_backward(self):
         w = self.w
@@ -484,7 +510,7 @@ class _Kernel:
             self._declare_shared_gw(p, names)
 
             def loads(sfx):
-                out = self.x_loads(p, names, "xr" + sfx) + self.g_loads(p, "gr" + sfx)
+                out = self.x_loads(p, names, "xr" + sfx, True) + self.g_loads(p, "gr" + sfx, True)
                 return out + ([] if self.shared else self.w_loads(p, names, "wr" + sfx))
 
             def math():
@@ -523,20 +549,21 @@ class _Kernel:
         def body(q, p, names):
             self._declare_gx(p)
             self._declare_shared_gw(p, names)
-            for name, expr in self.x_loads(p, names, "(x + (long long)s * D1)"):
+            for name, expr in self.x_loads(p, names, "(x + (long long)s * D1)", False):
                 w(f"const T {name} = {expr};")
             with w.block("for (int base = start; base < end; base += K)"):
                 w("const int n = min(K, end - base);")
                 self._chunk_a()
 
                 def loads(sfx):
-                    return self.g_loads(p, "gr" + sfx) + ([] if self.shared else self.w_loads(p, names, "wr" + sfx))
+                    return self.g_loads(p, "gr" + sfx, False) + ([] if self.shared else self.w_loads(p, names, "wr" + sfx))
 
                 pointers = lambda k, sfx: [f"const T* gr{sfx} = gz + (long long)s_node[{k}] * DOUT;", f"const T* wr{sfx} = w + (long long)s_edge[{k}] * NW;"]  # noqa: E731
-                self.prefetched_loop(
-                    "n", pointers, loads,
-                    lambda: self.backward_math(q, p, names, "(As + kk * NA)", "(gw + (long long)s_edge[kk] * NW)", "(gyp + kk * GY)"),
-                )  # fmt: skip
+                def math():
+                    self.l2_prefetch([("gz", "other", "DOUT")] + ([] if self.shared else [("w", "order", "NW")]))
+                    self.backward_math(q, p, names, "(As + kk * NA)", "(gw + (long long)s_edge[kk] * NW)", "(gyp + kk * GY)")
+
+                self.prefetched_loop("n", pointers, loads, math)
                 w("__syncthreads();")
                 if self.needs_gy:
                     self.gy_finalize("n", "s_edge[kk]")

@@ -37,15 +37,18 @@ class Config:
     row only. ``backward_warps``: at most this many programs per channel warp in a backward
     (each owns whole ``x`` segments). ``prefetch``: load the next edge's (row's) operands
     before this one's arithmetic where they take at most this many 32-bit registers per lane
-    (0: never). ``min_blocks``: blocks per multiprocessor
-    the compiler must leave room for (``__launch_bounds__``; it caps registers per thread).
+    (0: never). ``min_warps``: warps per multiprocessor the compiler must leave registers
+    for (whole blocks, ``__launch_bounds__``; a kernel that would spill is rebuilt uncapped).
+    ``l2_prefetch``: the convs ask L2 for the weight (and cotangent) rows of the edge this
+    many steps ahead (0: never).
     """
 
     forward_registers: int = 64
-    batched_forward_registers: int = 128
-    backward_warps: int = 3
+    batched_forward_registers: int = 64
+    backward_warps: int = 2
     prefetch: int = 64
-    min_blocks: int = 1
+    min_warps: int = 16
+    l2_prefetch: int = 4
 
 
 DEFAULT = Config()
