@@ -116,7 +116,7 @@ class _Kernel:
         self.backward = kind.endswith("backward")
         self.conv = kind.startswith("conv")
         if self.backward:
-            self.programs = schedule.backward_programs(desc, config.backward_warps)
+            self.programs = schedule.backward_programs(desc, self.dtype, config.backward_registers)
         else:
             regs = config.forward_registers if self.conv else config.batched_forward_registers
             self.programs = schedule.forward_programs(desc, self.dtype, regs)

@@ -34,8 +34,8 @@ class Config:
     ``forward_registers``: 32-bit registers per lane for the sums a conv forward keeps over
     its edge loop (a float64 sum takes two); a wider output is split over more warps.
     ``batched_forward_registers``: the same for the batched forward, whose sums live for one
-    row only. ``backward_warps``: at most this many programs per channel warp in a backward
-    (each owns whole ``x`` segments). ``prefetch``: load the next edge's (row's) operands
+    row only. ``backward_registers``: the same for the values a backward program holds per
+    edge (its ``x`` segments and their outputs' cotangents; it owns whole ``x`` segments). ``prefetch``: load the next edge's (row's) operands
     before this one's arithmetic where they take at most this many 32-bit registers per lane
     (0: never). ``min_warps``: warps per multiprocessor the compiler must leave registers
     for (whole blocks, ``__launch_bounds__``; a kernel that would spill is rebuilt uncapped).
@@ -45,7 +45,7 @@ class Config:
 
     forward_registers: int = 64
     batched_forward_registers: int = 64
-    backward_warps: int = 2
+    backward_registers: int = 64
     prefetch: int = 64
     min_warps: int = 16
     l2_prefetch: int = 4
@@ -181,33 +181,41 @@ def _groups(desc) -> dict[int, list[Term]]:
     return out
 
 
+def _binned(items, cost, size, registers: int) -> list[list]:
+    """The fewest balanced bins (:func:`_partition`) of `items` whose sizes fit `registers`,
+    or one item per bin where an item alone is larger."""
+    bins = max(1, -(-sum(map(size, items)) // registers))
+    while True:
+        parts = _partition(items, cost, size, bins, registers)
+        if all(sum(map(size, p)) <= registers for p in parts) or bins >= len(items):
+            return parts
+        bins += 1
+
+
 def forward_programs(desc, dtype, registers: int) -> list[Program]:
-    """Warps of a forward: per group, output segments binned so that each warp's sums fit in
-    `registers` 32-bit registers per lane."""
+    """Programs of a forward: per group, output segments binned so that each warp's sums fit
+    in `registers` 32-bit registers per lane."""
     words = np.dtype(dtype).itemsize // 4
     programs = []
     for mul, group in _groups(desc).items():
         outs = _unique(t.out for t in group)
         cost = {id(o): sum(t.forward_cost for t in group if t.out is o) for o in outs}
-        total = sum(o.ir_dim for o in outs) * words
-        bins = max(1, -(-total // registers))
-        while True:
-            parts = _partition(outs, lambda o: cost[id(o)], lambda o: o.ir_dim * words, bins, registers)
-            if all(sum(o.ir_dim for o in p) * words <= registers for p in parts) or bins >= len(outs):
-                break
-            bins += 1
+        parts = _binned(outs, lambda o: cost[id(o)], lambda o: o.ir_dim * words, registers)
         programs += [Program(mul, tuple(t for t in group if any(t.out is o for o in p))) for p in parts]
     return programs
 
 
-def backward_programs(desc, max_bins: int) -> list[Program]:
-    """Warps of a backward: per group, ``x`` segments binned (each warp owns whole segments,
-    so its ``gx`` needs no cross-warp sum) into at most `max_bins` balanced groups."""
+def backward_programs(desc, dtype, registers: int) -> list[Program]:
+    """Programs of a backward: per group, ``x`` segments binned (each program owns whole
+    segments, so its ``gx`` needs no cross-warp sum) so that the values a lane holds per edge
+    (the segments and the cotangents of their terms' outputs) fit in `registers`."""
+    words = np.dtype(dtype).itemsize // 4
     programs = []
     for mul, group in _groups(desc).items():
         xs = _unique(t.x for t in group)
         cost = {id(s): sum(t.backward_cost for t in group if t.x is s) for s in xs}
-        parts = _partition(xs, lambda s: cost[id(s)], lambda s: 0, min(max_bins, len(xs)), 0)
+        held = {id(s): s.ir_dim + sum(o.ir_dim for o in _unique(t.out for t in group if t.x is s)) for s in xs}
+        parts = _binned(xs, lambda s: cost[id(s)], lambda s: held[id(s)] * words, registers)
         programs += [Program(mul, tuple(t for t in group if any(t.x is s for s in p))) for p in parts]
     return programs
 
