@@ -46,6 +46,7 @@ class Kernel:
     threads: int
     smem: int
     chunk: int  # edges (rows) per chunk; a batched kernel's block owns one chunk of rows
+    groups: int  # blocks per node (row chunk): blockIdx.x = node * groups + group
     programs: tuple[Program, ...]
 
     @property
@@ -105,6 +106,26 @@ def _base(s: Segment, u: str) -> tuple[str, int]:
     return f"{s.offset} + {u}", s.mul
 
 
+class _Group:
+    """The programs one block runs (a wide product's programs are spread over several blocks
+    per node, :attr:`Config.block_warps` warps at most), with its ``A`` table and its slots
+    for ``gy`` partials (a row of ``gy_stride`` per edge: per program, warp and y position)."""
+
+    def __init__(self, programs: list[Program], vector: int, gy: bool):
+        self.programs = programs
+        self.first_warp = [int(v) for v in np.cumsum([0] + [p.warps for p in programs[:-1]])]
+        self.warps = sum(p.warps for p in programs)
+        self.layout = schedule.a_layout(programs, vector)
+        self.gy_offsets, at = [], 0
+        for p in programs:
+            self.gy_offsets.append(at)
+            at += p.warps * len(p.y_positions) if gy else 0
+        self.gy_stride = at
+
+    def smem(self, chunk: int, itemsize: int) -> int:
+        return chunk * (self.layout.length * itemsize + self.gy_stride * itemsize + 2 * 4)
+
+
 class _Kernel:
     """Emits one kernel's source."""
 
@@ -116,31 +137,20 @@ class _Kernel:
         self.backward = kind.endswith("backward")
         self.conv = kind.startswith("conv")
         if self.backward:
-            self.programs = schedule.backward_programs(desc, self.dtype, config.backward_registers)
+            programs = schedule.backward_programs(desc, self.dtype, config.backward_registers)
         else:
             regs = config.forward_registers if self.conv else config.batched_forward_registers
-            self.programs = schedule.forward_programs(desc, self.dtype, regs)
-        self.first_warp = list(np.cumsum([0] + [p.warps for p in self.programs[:-1]]))
-        self.warps = sum(p.warps for p in self.programs)
+            programs = schedule.forward_programs(desc, self.dtype, regs)
         self.vector = 16 // self.dtype.itemsize
-        self.layout = schedule.a_layout(self.programs, self.vector)
-        # gy partials: a row of GY values per edge, a slot per (program, warp, y position).
-        self.gy_offsets, at = [], 0
-        for p in self.programs:
-            self.gy_offsets.append(at)
-            at += p.warps * len(p.y_positions) if self.backward and self.needs_gy else 0
-        self.gy_stride = at
-        self.chunk = next((k for k in (LANES, 16) if self.smem_for(k) <= SMEM_BUDGET), 8)
+        self.groups = [_Group(ps, self.vector, self.backward and self.needs_gy)
+                       for ps in schedule.block_groups(programs, config.block_warps)]  # fmt: skip
+        self.warps = max(g.warps for g in self.groups)
+        size = lambda chunk: max(g.smem(chunk, self.dtype.itemsize) for g in self.groups)  # noqa: E731
+        self.chunk = next((k for k in (LANES, 16) if size(k) <= SMEM_BUDGET), 8)
+        self.smem = size(self.chunk)
         self.config = config
+        self.g = self.groups[0]  # the group being emitted
         self.w = _Writer()
-
-    def smem_for(self, chunk: int) -> int:
-        t = self.dtype.itemsize
-        return chunk * (self.layout.length * t + self.gy_stride * t + 2 * 4)
-
-    @property
-    def smem(self) -> int:
-        return self.smem_for(self.chunk)
 
     # --- pieces ----------------------------------------------------------------------------
     def header(self):
@@ -150,16 +160,16 @@ class _Kernel:
         w(f"typedef {'float' if self.dtype == np.float32 else 'double'} T;")
         w(f"typedef {'float4' if self.dtype == np.float32 else 'double2'} TV;")
         w("#define FULL 0xffffffffu")
-        w(f"constexpr int K = {self.chunk}, D1 = {d1}, D2 = {d2}, DOUT = {dout}, NW = {self.desc.weight_numel}, NA = {self.layout.length};")
-        w(f"constexpr int GY = {self.gy_stride};")
+        w(f"constexpr int K = {self.chunk}, D1 = {d1}, D2 = {d2}, DOUT = {dout}, NW = {self.desc.weight_numel}, G = {len(self.groups)};")
         w("")
 
-    def build_a(self):
-        """``build_a``: the lane's edge row of ``A`` for the terms this warp builds."""
+    def build_a(self, gi: int):
+        """``build_a<gi>``: the lane's edge row of group `gi`'s ``A`` for the terms this warp
+        builds."""
         w = self.w
-        with w.block("__device__ __forceinline__ void build_a(const int warp, const T* __restrict__ yr, T* __restrict__ a)"):
+        with w.block(f"__device__ __forceinline__ void build_a{gi}(const int warp, const T* __restrict__ yr, T* __restrict__ a)"):
             with w.block("switch (warp)"):
-                for n, terms in enumerate(self.layout.builders):
+                for n, terms in enumerate(self.g.layout.builders):
                     if not terms:
                         continue
                     with w.block(f"case {n}:"):
@@ -167,7 +177,7 @@ class _Kernel:
                         for p in used:
                             w(f"const T y{p} = yr[{p}];")
                         for t in terms:
-                            base = self.layout.slots[id(t)]
+                            base = self.g.layout.slots[id(t)]
                             for m, (i, k) in enumerate(t.entries):
                                 expr = " + ".join(f"{_lit(c)} * y{p}" for p, c in t.entry_terms(i, k))
                                 w(f"a[{base + m}] = {expr};")
@@ -177,7 +187,7 @@ class _Kernel:
         """The lane's channel ``u`` (clamped into range: lanes past ``mul`` load valid data,
         compute, and store nothing) and its segments' first elements."""
         w = self.w
-        w(f"const int u0 = {'0' if p.warps == 1 else f'(warp - {self.first_warp[q]}) * {LANES}'};")
+        w(f"const int u0 = {'0' if p.warps == 1 else f'(warp - {self.g.first_warp[q]}) * {LANES}'};")
         if p.mul % LANES == 0:
             w("const int u = u0 + lane;", "const bool active = true;")
         else:
@@ -203,7 +213,7 @@ class _Kernel:
 
     def load_a(self, t: Term, names: _Names, row: str) -> list[str]:
         """Vector loads of term `t`'s ``A`` entries; returns the C name of each entry."""
-        base, n = self.layout.slots[id(t)], len(t.entries)
+        base, n = self.g.layout.slots[id(t)], len(t.entries)
         tag = names.term[id(t)]
         out = []
         for q in range(-(-n // self.vector)):
@@ -317,7 +327,7 @@ class _Kernel:
                     for j, c in js:
                         y = int(t.y_positions[j])
                         w(f"gy{y} = fma({_lit(c)}, p{tag}_{i}_{k}, gy{y});")
-            slot = f"{self.gy_offsets[q]} + (warp - {self.first_warp[q]}) * {len(ys)}"
+            slot = f"{self.g.gy_offsets[q]} + (warp - {self.g.first_warp[q]}) * {len(ys)}"
             self.warp_sum([f"gy{j}" for j in ys], f"{gyrow} + {slot}")
 
     def warp_sum(self, values: list[str], dest: str):
@@ -355,11 +365,11 @@ class _Kernel:
         w = self.w
         _, d2, _ = self.desc.dims
         owners: dict[int, list[int]] = {}
-        for q, p in enumerate(self.programs):
+        for q, p in enumerate(self.g.programs):
             for c in range(p.warps):
                 for idx, j in enumerate(p.y_positions):
-                    owners.setdefault(j, []).append(self.gy_offsets[q] + c * len(p.y_positions) + idx)
-        with w.block(f"for (int kk = threadIdx.x; kk < {n}; kk += blockDim.x)"):
+                    owners.setdefault(j, []).append(self.g.gy_offsets[q] + c * len(p.y_positions) + idx)
+        with w.block(f"for (int kk = threadIdx.x; kk < {n}; kk += {self.g.warps * LANES})"):
             w("const T* g = gyp + kk * GY;", f"T* out = gy + (long long)({edge_of}) * D2;")
             for j in range(d2):
                 w(f"__stcs(out + {j}, {' + '.join(f'g[{o}]' for o in owners[j]) if j in owners else 'T(0)'});")
@@ -379,21 +389,33 @@ class _Kernel:
 
     def source(self) -> str:
         self.header()
-        self.build_a()
+        for self.gi, self.g in enumerate(self.groups):
+            self.build_a(self.gi)
         w = self.w
         w("")
-        with w.block(f'extern "C" __global__ void __launch_bounds__({self.warps * LANES}, {max(1, -(-self.config.min_warps // self.warps))}) jequi_{self.kind}({", ".join(self.params())})'):
+        bounds = f"{self.warps * LANES}, {max(1, -(-self.config.min_warps // self.warps))}"
+        with w.block(f'extern "C" __global__ void __launch_bounds__({bounds}) jequi_{self.kind}({", ".join(self.params())})'):
             w("extern __shared__ __align__(16) unsigned char smem[];")
-            w("T* As = reinterpret_cast<T*>(smem);", "T* gyp = As + K * NA;")
-            w("int* s_edge = reinterpret_cast<int*>(gyp + K * GY);", "int* s_node = s_edge + K;")
             w("const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;", "const long long b = blockIdx.y;")
-            getattr(self, self.kind)()
+            w("const int group = blockIdx.x % G, node = blockIdx.x / G;")
+            self._batch_offsets()
+            with w.block("switch (group)"):
+                for self.gi, self.g in enumerate(self.groups):
+                    with w.block(f"case {self.gi}:"):
+                        w(f"constexpr int NA = {self.g.layout.length}, GY = {self.g.gy_stride};")
+                        w("T* As = reinterpret_cast<T*>(smem);", "T* gyp = As + K * NA;")
+                        w("int* s_edge = reinterpret_cast<int*>(gyp + K * GY);", "int* s_node = s_edge + K;")
+                        w(f"if (threadIdx.x >= {self.g.warps * LANES}) return;" if self.g.warps < self.warps else "")
+                        getattr(self, self.kind)()
+                        w("break;")
         return w.text()
 
-    def _batch_offsets(self, rows: str, edges: str | None = None):
-        """Advance every pointer to batch element ``b`` (jax.vmap's grid rows)."""
+    def _batch_offsets(self):
+        """Advance every pointer to batch element ``b`` (jax.vmap's grid rows); ``gy`` to
+        the block's group's partial sums (one ``(edges, D2)`` array per group)."""
         w = self.w
-        edges = edges or rows
+        rows = "num_nodes" if self.conv else "num_rows"
+        edges = "num_edges" if self.conv else "num_rows"
         w(f"x += b * {rows if not self.conv else 'num_senders'} * D1;", f"y += b * {edges} * D2;")
         w(f"w += b * {'NW' if self.shared else f'{edges} * NW'};")
         if self.backward:
@@ -401,9 +423,9 @@ class _Kernel:
             if self.needs_gx:
                 w(f"gx += b * {'num_senders' if self.conv else rows} * D1;")
             if self.needs_gy:
-                w(f"gy += b * {edges} * D2;")
+                w(f"gy += (b * G + group) * {edges} * D2;")
             if self.needs_gw:
-                parts = ("(num_senders + 1)" if self.conv else "gridDim.x") if self.shared else edges
+                parts = ("(num_senders + 1)" if self.conv else "(gridDim.x / G)") if self.shared else edges
                 w(f"gw += b * {parts} * NW;")
         else:
             w(f"out += b * {'num_nodes' if self.conv else rows} * DOUT;")
@@ -414,9 +436,9 @@ class _Kernel:
     def _programs(self, body):
         """Each program's code, run by its warps."""
         w = self.w
-        for q, p in enumerate(self.programs):
+        for q, p in enumerate(self.g.programs):
             head = "if" if q == 0 else "else if"
-            cond = f"warp < {self.first_warp[q] + p.warps}" if q < len(self.programs) - 1 else None
+            cond = f"warp < {self.g.first_warp[q] + p.warps}" if q < len(self.g.programs) - 1 else None
             with w.block(f"{head} ({cond})" if cond else ("else" if q else "")):
                 self.channel(q, p)
                 names = _Names(list(p.terms))
@@ -431,14 +453,13 @@ class _Kernel:
         with w.block("if (lane < n)"):
             w("const int e = order[base + lane];")
             w("if (warp == 0) { s_edge[lane] = e; s_node[lane] = other[base + lane]; }")
-            w("build_a(warp, y + (long long)e * D2, As + lane * NA);")
+            w(f"build_a{self.gi}(warp, y + (long long)e * D2, As + lane * NA);")
         w("__syncthreads();")
 
     def tp_forward(self):
         w = self.w
-        self._batch_offsets("num_rows")
-        w("const long long row0 = (long long)blockIdx.x * K;", "const int n = (int)min((long long)K, num_rows - row0);")
-        w("if (lane < n) build_a(warp, y + (row0 + lane) * D2, As + lane * NA);", "__syncthreads();")
+        w("const long long row0 = (long long)node * K;", "const int n = (int)min((long long)K, num_rows - row0);")
+        w(f"if (lane < n) build_a{self.gi}(warp, y + (row0 + lane) * D2, As + lane * NA);", "__syncthreads();")
 
         def body(q, p, names):
             def loads(sfx):
@@ -456,8 +477,7 @@ class _Kernel:
 
     def conv_forward(self):
         w = self.w
-        self._batch_offsets("num_nodes", "num_edges")
-        w("const int r = blockIdx.x;", "const int start = offsets[r], end = offsets[r + 1];")
+        w("const int r = node;", "const int start = offsets[r], end = offsets[r + 1];")
 
         def body(q, p, names):
             self.declare_acc(p)
@@ -502,9 +522,8 @@ class _Kernel:
 
     def tp_backward(self):
         w = self.w
-        self._batch_offsets("num_rows")
-        w("const long long row0 = (long long)blockIdx.x * K;", "const int n = (int)min((long long)K, num_rows - row0);")
-        w("if (lane < n) build_a(warp, y + (row0 + lane) * D2, As + lane * NA);", "__syncthreads();")
+        w("const long long row0 = (long long)node * K;", "const int n = (int)min((long long)K, num_rows - row0);")
+        w(f"if (lane < n) build_a{self.gi}(warp, y + (row0 + lane) * D2, As + lane * NA);", "__syncthreads();")
 
         def body(q, p, names):
             self._declare_shared_gw(p, names)
@@ -523,7 +542,7 @@ class _Kernel:
                 f"const T* gr{sfx} = gz + (row0 + {k}) * DOUT;",
             ]  # fmt: skip
             self.prefetched_loop("n", pointers, loads, math)
-            self._store_shared_gw(p, names, "(gw + (long long)blockIdx.x * NW)")
+            self._store_shared_gw(p, names, "(gw + (long long)node * NW)")
 
         self._programs(body)
         if self.needs_gy:
@@ -532,17 +551,16 @@ class _Kernel:
 
     def conv_backward(self):
         w = self.w
-        self._batch_offsets("num_nodes", "num_edges")
-        w("const int s = blockIdx.x;", "const int start = offsets[s], end = offsets[s + 1];")
+        w("const int s = node;", "const int start = offsets[s], end = offsets[s + 1];")
         with w.block("if (s == num_senders)"):
             w("// the dropped edges (an index out of range): zero gradients")
-            with w.block("for (int k = start + warp; k < end; k += blockDim.x >> 5)"):
+            with w.block(f"for (int k = start + warp; k < end; k += {self.g.warps})"):
                 w("const long long e = order[k];")
                 if self.needs_gy:
                     w("for (int j = lane; j < D2; j += 32) gy[e * D2 + j] = 0;")
-                if self.needs_gw and not self.shared:
+                if self.needs_gw and not self.shared and self.gi == 0:
                     w("for (int j = lane; j < NW; j += 32) gw[e * NW + j] = 0;")
-            if self.needs_gw and self.shared:
+            if self.needs_gw and self.shared and self.gi == 0:
                 w("for (int j = threadIdx.x; j < NW; j += blockDim.x) gw[(long long)s * NW + j] = 0;")
             w("return;")
 
@@ -584,4 +602,4 @@ def generate(desc, dtype, kind: str, needs=(True, True, True), shared: bool = Fa
     k = _Kernel(desc, dtype, kind, tuple(needs), shared, config or schedule.DEFAULT)
     if k.warps * LANES > MAX_THREADS:
         raise ValueError(f"{desc!r} needs {k.warps} warps per block in the CUDA kernels (at most {MAX_THREADS // LANES})")
-    return Kernel(kind, k.source(), k.warps * LANES, k.smem, k.chunk, tuple(k.programs))
+    return Kernel(kind, k.source(), k.warps * LANES, k.smem, k.chunk, len(k.groups), tuple(p for g in k.groups for p in g.programs))

@@ -64,16 +64,19 @@ def forward(desc, x, y, w):
     n = x.shape[0]
     _, _, dout = desc.dims
     k = kernel(desc, x.dtype, "tp_forward", shared=w.ndim == 1)
-    return build.call(k, (x, y, w), _struct((n, dout), x.dtype), -(-n // k.chunk), x.size, [n])
+    return build.call(k, (x, y, w), _struct((n, dout), x.dtype), -(-n // k.chunk) * k.groups, x.size, [n])
 
 
-def _gradients(needs, results, shapes):
-    """``(gx, gy, gw)`` with None for those not computed; shared-weight partials summed."""
+def _gradients(k, needs, results, shapes):
+    """``(gx, gy, gw)`` with None for those not computed: the groups' gy partials and the
+    blocks' shared-weight partials summed."""
     results, out = iter(results), []
-    for need, shape in zip(needs, shapes):
-        out.append(None if not need else next(results))
+    for need in needs:
+        out.append(next(results) if need else None)
     gx, gy, gw = out
-    if gw is not None and gw.shape != shapes[2]:
+    if gy is not None:
+        gy = jnp.sum(gy, axis=-3) if k.groups > 1 else gy[..., 0, :, :]
+    if gw is not None and gw.shape[-2:] != shapes[2]:
         gw = jnp.sum(gw, axis=-2)
     return gx, gy, gw
 
@@ -84,10 +87,10 @@ def backward(desc, x, y, w, gz, needs=(True, True, True)):
     shared = w.ndim == 1
     k = kernel(desc, x.dtype, "tp_backward", tuple(needs), shared)
     blocks = -(-n // k.chunk)
-    shapes = [(n, d1), (n, d2), (blocks, desc.weight_numel) if shared else (n, desc.weight_numel)]
+    shapes = [(n, d1), (k.groups, n, d2), (blocks, desc.weight_numel) if shared else (n, desc.weight_numel)]
     outs = [_struct(s, x.dtype) for s, need in zip(shapes, needs) if need]
-    results = build.call(k, (x, y, w, gz), outs, blocks, x.size, [n])
-    return _gradients(needs, results, [shapes[0], shapes[1], w.shape])
+    results = build.call(k, (x, y, w, gz), outs, blocks * k.groups, x.size, [n])
+    return _gradients(k, needs, results, [shapes[0], shapes[1], w.shape])
 
 
 def conv_forward(desc, x, y, w, graph):
@@ -95,7 +98,7 @@ def conv_forward(desc, x, y, w, graph):
     k = kernel(desc, x.dtype, "conv_forward", shared=w.ndim == 1)
     args = (x, y, w, graph.receiver_order, graph.receiver_senders, graph.receiver_offsets)
     scalars = [graph.num_nodes, graph.num_senders, graph.num_edges]
-    return build.call(k, args, _struct((graph.num_nodes, dout), x.dtype), graph.num_nodes, x.size, scalars)
+    return build.call(k, args, _struct((graph.num_nodes, dout), x.dtype), graph.num_nodes * k.groups, x.size, scalars)
 
 
 def conv_backward(desc, x, y, w, gout, graph, needs=(True, True, True)):
@@ -103,8 +106,8 @@ def conv_backward(desc, x, y, w, gout, graph, needs=(True, True, True)):
     shared = w.ndim == 1
     k = kernel(desc, x.dtype, "conv_backward", tuple(needs), shared)
     ns, e = graph.num_senders, graph.num_edges
-    shapes = [(ns, d1), (e, d2), (ns + 1, desc.weight_numel) if shared else (e, desc.weight_numel)]
+    shapes = [(ns, d1), (k.groups, e, d2), (ns + 1, desc.weight_numel) if shared else (e, desc.weight_numel)]
     outs = [_struct(s, x.dtype) for s, need in zip(shapes, needs) if need]
     args = (x, y, w, gout, graph.sender_order, graph.sender_receivers, graph.sender_offsets)
-    results = build.call(k, args, outs, ns + 1, x.size, [graph.num_nodes, ns, e])
-    return _gradients(needs, results, [shapes[0], shapes[1], w.shape])
+    results = build.call(k, args, outs, (ns + 1) * k.groups, x.size, [graph.num_nodes, ns, e])
+    return _gradients(k, needs, results, [shapes[0], shapes[1], w.shape])

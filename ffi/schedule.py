@@ -31,24 +31,28 @@ _ZERO = 1e-12
 class Config:
     """Knobs of the generated kernels (benchmarks/tune_cuda.py sweeps them).
 
-    ``forward_registers``: 32-bit registers per lane for the sums a conv forward keeps over
-    its edge loop (a float64 sum takes two); a wider output is split over more warps.
-    ``batched_forward_registers``: the same for the batched forward, whose sums live for one
-    row only. ``backward_registers``: the same for the values a backward program holds per
-    edge (its ``x`` segments and their outputs' cotangents; it owns whole ``x`` segments). ``prefetch``: load the next edge's (row's) operands
-    before this one's arithmetic where they take at most this many 32-bit registers per lane
-    (0: never). ``min_warps``: warps per multiprocessor the compiler must leave registers
-    for (whole blocks, ``__launch_bounds__``; a kernel that would spill is rebuilt uncapped).
-    ``l2_prefetch``: the convs ask L2 for the weight (and cotangent) rows of the edge this
-    many steps ahead (0: never).
+    * ``forward_registers``: 32-bit registers per lane for the values a conv forward's
+      program holds per edge (its sums, its ``x`` values, its weights; a float64 value takes
+      two, see :func:`forward_programs`); more values are split over more programs.
+    * ``batched_forward_registers``: the same for the batched forward.
+    * ``backward_registers``: the same for a backward program (:func:`backward_programs`).
+    * ``prefetch``: load the next edge's (row's) operands before this one's arithmetic where
+      they take at most this many 32-bit registers per lane (0: never).
+    * ``min_warps``: warps per multiprocessor the compiler must leave registers for (whole
+      blocks, ``__launch_bounds__``); a kernel that would spill more is rebuilt uncapped.
+    * ``l2_prefetch``: the convs ask L2 for the weight (and cotangent) rows of the edge this
+      many steps ahead (0: never).
+    * ``block_warps``: warps per block; more programs are spread over several blocks per
+      node (:func:`block_groups`).
     """
 
-    forward_registers: int = 64
-    batched_forward_registers: int = 64
-    backward_registers: int = 64
+    forward_registers: int = 96
+    batched_forward_registers: int = 96
+    backward_registers: int = 128
     prefetch: int = 64
     min_warps: int = 16
     l2_prefetch: int = 4
+    block_warps: int = 8
 
 
 DEFAULT = Config()
@@ -192,32 +196,82 @@ def _binned(items, cost, size, registers: int) -> list[list]:
         bins += 1
 
 
+def _contiguous(items, cost, size, registers: int) -> list[list]:
+    """`items` cut into the fewest consecutive runs whose ``size(run)`` fits `registers`
+    (single items may not), the cuts placed to minimize the largest run's cost."""
+    m = len(items)
+    fits = [[j == i + 1 or size(items[i:j]) <= registers for j in range(m + 1)] for i in range(m)]
+    run_cost = [[sum(map(cost, items[i:j])) for j in range(m + 1)] for i in range(m)]
+    for bins in range(1, m + 1):
+        # best[k][j]: the smallest largest cost of items[:j] in k runs (None: impossible)
+        best = [[None] * (m + 1) for _ in range(bins + 1)]
+        cut = [[0] * (m + 1) for _ in range(bins + 1)]
+        best[0][0] = 0
+        for k in range(1, bins + 1):
+            for j in range(1, m + 1):
+                for i in range(j):
+                    if best[k - 1][i] is not None and fits[i][j]:
+                        value = max(best[k - 1][i], run_cost[i][j])
+                        if best[k][j] is None or value < best[k][j]:
+                            best[k][j], cut[k][j] = value, i
+        if best[bins][m] is not None:
+            runs, j = [], m
+            for k in range(bins, 0, -1):
+                runs.append(items[cut[k][j] : j])
+                j = cut[k][j]
+            return runs[::-1]
+    return [[item] for item in items]
+
+
 def forward_programs(desc, dtype, registers: int) -> list[Program]:
-    """Programs of a forward: per group, output segments binned so that each warp's sums fit
-    in `registers` 32-bit registers per lane."""
+    """Programs of a forward: per group, output segments in the order of their terms' ``x``
+    segments, cut into the fewest balanced runs whose values per lane fit in `registers`
+    32-bit registers: the sums, the ``x`` segments read (once each) and the weights (the
+    operands twice: the next edge's are loaded early)."""
     words = np.dtype(dtype).itemsize // 4
     programs = []
     for mul, group in _groups(desc).items():
-        outs = _unique(t.out for t in group)
-        cost = {id(o): sum(t.forward_cost for t in group if t.out is o) for o in outs}
-        parts = _binned(outs, lambda o: cost[id(o)], lambda o: o.ir_dim * words, registers)
-        programs += [Program(mul, tuple(t for t in group if any(t.out is o for o in p))) for p in parts]
+        order = {id(s): n for n, s in enumerate(_unique(t.x for t in group))}
+        outs = sorted(_unique(t.out for t in group), key=lambda o: min(order[id(t.x)] for t in group if t.out is o))
+        terms_of = {id(o): [t for t in group if t.out is o] for o in outs}
+
+        def size(run):
+            terms = [t for o in run for t in terms_of[id(o)]]
+            xs = _unique(t.x for t in terms)
+            return (sum(o.ir_dim for o in run) + 2 * sum(s.ir_dim for s in xs) + 2 * len(terms)) * words
+
+        cost = lambda o: sum(t.forward_cost for t in terms_of[id(o)])  # noqa: E731
+        runs = _contiguous(outs, cost, size, registers)
+        programs += [Program(mul, tuple(t for o in run for t in terms_of[id(o)])) for run in runs]
     return programs
 
 
 def backward_programs(desc, dtype, registers: int) -> list[Program]:
     """Programs of a backward: per group, ``x`` segments binned (each program owns whole
     segments, so its ``gx`` needs no cross-warp sum) so that the values a lane holds per edge
-    (the segments and the cotangents of their terms' outputs) fit in `registers`."""
+    fit in `registers`: the segments and their ``gx`` sums, and the operands (twice): its
+    terms' weights and outputs' cotangents."""
     words = np.dtype(dtype).itemsize // 4
     programs = []
     for mul, group in _groups(desc).items():
         xs = _unique(t.x for t in group)
         cost = {id(s): sum(t.backward_cost for t in group if t.x is s) for s in xs}
-        held = {id(s): s.ir_dim + sum(o.ir_dim for o in _unique(t.out for t in group if t.x is s)) for s in xs}
+        held = {}
+        for s in xs:
+            terms = [t for t in group if t.x is s]
+            held[id(s)] = 2 * s.ir_dim + 2 * sum(o.ir_dim for o in _unique(t.out for t in terms)) + 2 * len(terms)
         parts = _binned(xs, lambda s: cost[id(s)], lambda s: held[id(s)] * words, registers)
         programs += [Program(mul, tuple(t for t in group if any(t.x is s for s in p))) for p in parts]
     return programs
+
+
+def block_groups(programs: list[Program], block_warps: int) -> list[list[Program]]:
+    """`programs` spread over the fewest blocks of at most `block_warps` warps each (or one
+    program per block), balanced by arithmetic."""
+    cost = {id(p): p.warps * sum(t.forward_cost + t.backward_cost for t in p.terms) for p in programs}
+    parts = _binned(programs, lambda p: cost[id(p)], lambda p: p.warps, block_warps)
+    order = {id(p): n for n, p in enumerate(programs)}
+    return [sorted(part, key=lambda p: order[id(p)]) for part in parts]
 
 
 @dataclasses.dataclass(frozen=True)
