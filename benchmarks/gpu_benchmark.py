@@ -11,7 +11,7 @@ Every available jequi backend, e3nn-jax (``legacy.FunctionalTensorProduct`` unde
 extension run in this one process on the same random inputs, under ``jax.jit``. A peer that
 cannot be imported or fails is reported as n/a with the reason. ``jequi-pallas-ir_mul`` is
 jequi in cuEquivariance's ``ir_mul`` layout, on the same values stored so (``--no-ir-mul``
-leaves it out); the speedup table compares each peer with jequi in the peer's layout. Passes:
+leaves it out; ``jequi-cuda-ir_mul`` likewise); the speedup table compares each peer with jequi in the peer's layout. Passes:
 
 * ``fwd``: ``tp(x, y, w)``;
 * ``bwd``: ``jax.grad`` of ``vdot(tp(x, y, w), g)`` w.r.t. (x, y, w);
@@ -71,6 +71,7 @@ PEERS = ("e3nn", "cuex", "oeq", "oeq-det")
 # OpenEquivariance take e3nn's ``mul_ir``. Speedups compare a peer with jequi in its layout.
 PEER_LAYOUTS = {"e3nn": "mul_ir", "cuex": "ir_mul", "oeq": "mul_ir", "oeq-det": "mul_ir"}
 IR_MUL = "-ir_mul"  # name suffix of the jequi implementations run in the ir_mul layout
+KERNEL_BACKENDS = {"pallas", "cuda"}  # the jequi backends also run in the ir_mul layout
 CHECK_ROWS = 64
 SLOW_CELL_S = 10.0  # fewer calls per repetition when a cell would take longer than this
 
@@ -175,8 +176,8 @@ def oeq_check(op, tp):
 def tp_impls(tp, tp_ir, spec, dtype):
     """`tp_ir`: the same product in the ir_mul layout (None: not run)."""
     impls = {f"jequi-{b}": lambda b=b: [("", lambda x, y, w: tp(x, y, w, backend=b))] for b in jequi.available_backends()}
-    if tp_ir is not None and "pallas" in jequi.available_backends():
-        impls["jequi-pallas" + IR_MUL] = lambda: [("ir_mul", lambda x, y, w: tp_ir(x, y, w, backend="pallas"))]
+    for b in KERNEL_BACKENDS & set(jequi.available_backends()) if tp_ir is not None else ():
+        impls[f"jequi-{b}" + IR_MUL] = lambda b=b: [("ir_mul", lambda x, y, w: tp_ir(x, y, w, backend=b))]
     impls["e3nn"] = lambda: [("vmap(FunctionalTensorProduct)", e3nn_fn(tp))]
     impls["cuex"] = lambda: cuex_candidates(tp, spec)
 
@@ -198,9 +199,9 @@ def conv_impls(tp, tp_ir, spec, dtype, num_nodes, sender_perm):
         f"jequi-{b}": lambda b=b: [("Graph", lambda x, y, w, s, r, graph: tp.conv(x, y, w, graph, backend=b))]
         for b in jequi.available_backends()
     }
-    if tp_ir is not None and "pallas" in jequi.available_backends():
-        impls["jequi-pallas" + IR_MUL] = lambda: [
-            ("Graph, ir_mul", lambda x, y, w, s, r, graph: tp_ir.conv(x, y, w, graph, backend="pallas"))
+    for b in KERNEL_BACKENDS & set(jequi.available_backends()) if tp_ir is not None else ():
+        impls[f"jequi-{b}" + IR_MUL] = lambda b=b: [
+            ("Graph, ir_mul", lambda x, y, w, s, r, graph: tp_ir.conv(x, y, w, graph, backend=b))
         ]
     if dtype == "float32" and "pallas" in jequi.available_backends():
         impls["jequi-pallas-kahan"] = lambda: [
@@ -324,11 +325,11 @@ def conv_graph(kind, nodes, edges):
 
 
 def conv_checks(impls, chosen, args_of, dtype):
-    """Bitwise determinism of the `chosen` jequi Pallas convs (3 runs of fwd and fwd+bwd, on
+    """Bitwise determinism of the `chosen` jequi kernel convs (3 runs of fwd and fwd+bwd, on
     their arguments ``args_of(name)``) and, in f32, the error of the plain and Kahan sums
     against the same inputs in f64 (the ``jequi-xla`` reference of `impls`)."""
     checks = {}
-    for name in ("jequi-pallas", "jequi-pallas" + IR_MUL):
+    for name in (f"jequi-{b}{sfx}" for b in sorted(KERNEL_BACKENDS) for sfx in ("", IR_MUL)):
         if name not in chosen:
             continue
         f = impls[name]()[0][1]
@@ -337,9 +338,9 @@ def conv_checks(impls, chosen, args_of, dtype):
             runs = [jax.tree.leaves(jax.block_until_ready(fn(*args_of(name)))) for _ in range(3)]
             same = all(all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(runs[0], run)) for run in runs[1:])
             checks[f"{name} {pname} bitwise identical over 3 runs"] = str(same)
-    plain = [n for n in ("jequi-pallas", "jequi-pallas-kahan") if n in chosen]
+    plain = [n for n in ("jequi-pallas", "jequi-pallas-kahan", "jequi-cuda") if n in chosen]
     if dtype == "float32" and plain and "jequi-xla" in impls:
-        x, y, w, s, r, graph, _ = args_of("jequi-pallas")
+        x, y, w, s, r, graph, _ = args_of(plain[0])
         hi = [a.astype(jnp.float64) for a in (x, y, w)]
         exact = np.asarray(jax.jit(lambda x, y, w: impls["jequi-xla"]()[0][1](x, y, w, s, r, graph))(*hi))
         for name in plain:
@@ -532,9 +533,9 @@ def main():
     ap.add_argument("--dbl-batch", type=int, default=None, help="rows for dbl (default 20000)")
     ap.add_argument("--repeat", type=int, default=None, help="repetitions, median taken (default 5)")
     ap.add_argument("--calls", type=int, default=None, help="calls per repetition (default 10)")
-    ap.add_argument("--impls", help="comma list of implementations to run (jequi-<backend>, jequi-pallas-ir_mul, e3nn, cuex, oeq, oeq-det)")
+    ap.add_argument("--impls", help="comma list of implementations to run (jequi-<backend>, jequi-<backend>-ir_mul, e3nn, cuex, oeq, oeq-det)")
     ap.add_argument("--ir-mul", action=argparse.BooleanOptionalAction, default=True,
-                    help="also run jequi-pallas-ir_mul (jequi in cuEquivariance's layout)")
+                    help="also run jequi-pallas-ir_mul and jequi-cuda-ir_mul (jequi in cuEquivariance's layout)")
     ap.add_argument("--passes", help="comma list of passes to run (default all: fwd,bwd,dbl; with --conv fwd,fwd+bwd)")
     ap.add_argument("--conv", action="store_true", help="fused convolution on real structures' graphs instead")
     ap.add_argument("--graphs", default="carbon,water", help="--conv: comma list of carbon, water, random")
@@ -643,7 +644,7 @@ def main():
                 row["impls"][impl_name], z = run_impl(impls[impl_name], passes, ir_args if ir_mul else args_of, repeat, calls, keep="fwd")
                 kept[impl_name] = in_layout(tp.descriptor, z, "out", back=True) if ir_mul and z is not None else z
             # e3nn-jax is the reference; without it, jequi's xla backend, then its mul_ir Pallas kernels
-            ref_name = next((n for n in ("e3nn", "jequi-xla", "jequi-pallas") if kept.get(n) is not None), None)
+            ref_name = next((n for n in ("e3nn", "jequi-xla", "jequi-pallas", "jequi-cuda") if kept.get(n) is not None), None)
             for impl_name, z in kept.items():
                 if impl_name.startswith("jequi-") and impl_name != ref_name and z is not None and ref_name:
                     ref = kept[ref_name]

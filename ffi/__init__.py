@@ -4,6 +4,7 @@ run through one XLA FFI handler (see :mod:`.build`, :mod:`.codegen`, :mod:`.sche
 Backend ``"cuda"`` (``jequi/backends/cuda.py``) calls :mod:`.ops`.
 """
 
+from . import schedule
 from .ops import available, backward, conv_backward, conv_forward, forward, unsupported_reason
 
-__all__ = ["available", "backward", "conv_backward", "conv_forward", "forward", "unsupported_reason"]
+__all__ = ["schedule", "available", "backward", "conv_backward", "conv_forward", "forward", "unsupported_reason"]

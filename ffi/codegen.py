@@ -137,7 +137,7 @@ class _Kernel:
         self.backward = kind.endswith("backward")
         self.conv = kind.startswith("conv")
         if self.backward:
-            programs = schedule.backward_programs(desc, self.dtype, config.backward_registers)
+            programs = schedule.backward_programs(desc, config.backward_values)
         else:
             regs = config.forward_registers if self.conv else config.batched_forward_registers
             programs = schedule.forward_programs(desc, self.dtype, regs)

@@ -35,7 +35,9 @@ class Config:
       program holds per edge (its sums, its ``x`` values, its weights; a float64 value takes
       two, see :func:`forward_programs`); more values are split over more programs.
     * ``batched_forward_registers``: the same for the batched forward.
-    * ``backward_registers``: the same for a backward program (:func:`backward_programs`).
+    * ``backward_values``: the values (of either dtype) a backward program holds per edge
+      (:func:`backward_programs`; measured on MACE-large, the same programs in float32 and
+      float64 beat a budget in registers).
     * ``prefetch``: load the next edge's (row's) operands before this one's arithmetic where
       they take at most this many 32-bit registers per lane (0: never).
     * ``min_warps``: warps per multiprocessor the compiler must leave registers for (whole
@@ -48,11 +50,11 @@ class Config:
 
     forward_registers: int = 96
     batched_forward_registers: int = 96
-    backward_registers: int = 128
+    backward_values: int = 128
     prefetch: int = 64
     min_warps: int = 16
     l2_prefetch: int = 4
-    block_warps: int = 8
+    block_warps: int = 12
 
 
 DEFAULT = Config()
@@ -246,23 +248,30 @@ def forward_programs(desc, dtype, registers: int) -> list[Program]:
     return programs
 
 
-def backward_programs(desc, dtype, registers: int) -> list[Program]:
+def _held(group: list[Term], s: Segment) -> int:
+    """Values a backward lane holds per edge for ``x`` segment `s`: the segment and its ``gx``
+    sums, and the operands (twice, the next edge's loaded early): its terms' weights and
+    outputs' cotangents."""
+    terms = [t for t in group if t.x is s]
+    return 2 * s.ir_dim + 2 * sum(o.ir_dim for o in _unique(t.out for t in terms)) + 2 * len(terms)
+
+
+def backward_programs(desc, values: int) -> list[Program]:
     """Programs of a backward: per group, ``x`` segments binned (each program owns whole
     segments, so its ``gx`` needs no cross-warp sum) so that the values a lane holds per edge
-    fit in `registers`: the segments and their ``gx`` sums, and the operands (twice): its
-    terms' weights and outputs' cotangents."""
-    words = np.dtype(dtype).itemsize // 4
+    (:func:`_held`) fit in `values`."""
     programs = []
     for mul, group in _groups(desc).items():
         xs = _unique(t.x for t in group)
         cost = {id(s): sum(t.backward_cost for t in group if t.x is s) for s in xs}
-        held = {}
-        for s in xs:
-            terms = [t for t in group if t.x is s]
-            held[id(s)] = 2 * s.ir_dim + 2 * sum(o.ir_dim for o in _unique(t.out for t in terms)) + 2 * len(terms)
-        parts = _binned(xs, lambda s: cost[id(s)], lambda s: held[id(s)] * words, registers)
+        parts = _binned(xs, lambda s: cost[id(s)], lambda s: _held(group, s), values)
         programs += [Program(mul, tuple(t for t in group if any(t.x is s for s in p))) for p in parts]
     return programs
+
+
+def backward_footprint(desc) -> int:
+    """The most values a backward lane of `desc` holds per edge (its widest ``x`` segment)."""
+    return max((_held(group, s) for group in _groups(desc).values() for s in _unique(t.x for t in group)), default=0)
 
 
 def block_groups(programs: list[Program], block_warps: int) -> list[list[Program]]:

@@ -210,7 +210,7 @@ class TensorProduct:
         f32 accuracy on high-degree nodes.
         """
         x, y, w, wrap = self._inputs(x, y, w)
-        b = backends.resolve(backend, self.descriptor.trilinear, w.ndim == 1)
+        b = backends.resolve(backend, self.descriptor.trilinear, w.ndim == 1, conv=True)
         if kahan and not b.supports_kahan:
             raise ValueError(f"kahan=True needs a backend with compensated sums (pallas), not {b.name!r}")
         if x.ndim != 2 or y.ndim != 2 or w.ndim > 2:

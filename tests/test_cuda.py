@@ -54,10 +54,10 @@ def test_schedule_reproduces_the_cg_blocks():
             for i, j, k, c in t.nonzeros:
                 dense[i, j, k] = c
             np.testing.assert_allclose(dense, t.cg, atol=1e-15)
-        for programs in (schedule.forward_programs(desc, np.float32, 8), schedule.backward_programs(desc, np.float32, 16)):
+        for programs in (schedule.forward_programs(desc, np.float32, 8), schedule.backward_programs(desc, 16)):
             assert sorted(id(t) for p in programs for t in p.terms) == sorted(id(t) for t in terms)
             assert all(t.x.mul == p.mul for p in programs for t in p.terms)
-        owners = [{s.offset for s in p.x_segments} for p in schedule.backward_programs(desc, np.float32, 16)]
+        owners = [{s.offset for s in p.x_segments} for p in schedule.backward_programs(desc, 16)]
         assert sum(map(len, owners)) == len(set().union(*owners))  # backward programs own whole x segments
 
 

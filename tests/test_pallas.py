@@ -2,6 +2,7 @@
 weights, f32 and f64, derivatives to second order (through the seven-op rule). On CPU the
 kernels run in Pallas interpret mode at small sizes; on a GPU they run compiled (Triton)."""
 
+import dataclasses
 import functools
 
 import jax
@@ -387,15 +388,23 @@ def test_warps():
     assert (warps(benzene_ir), conv_warps(benzene_ir, np.float32), conv_warps(benzene_ir, np.float64)) == (2, 1, 1)
 
 
-def test_default_backend(monkeypatch):
+@pytest.mark.parametrize("cuda", [False, True])
+def test_default_backend(monkeypatch, cuda):
     """xla on CPU; on GPU pallas for every product it runs, but xla for shared weights that a
-    uvw path contracts over several x channels (a weight matrix per path)."""
+    uvw path contracts over several x channels (a weight matrix per path); a channelwise conv
+    on the cuda kernels where they are available and its backward's footprint is small."""
     desc = lambda name: jequi.problems.get(name).descriptor.trilinear  # noqa: E731
     unsupported = jequi.TensorProduct("3x1o", "2x1o", "2x2e", [(0, 0, 0, "uvv", True)]).descriptor.trilinear
     if not ON_GPU:
-        assert jequi.default_backend() == jequi.default_backend(desc("mace-large")) == "xla"
+        assert jequi.default_backend() == jequi.default_backend(desc("mace-large"), conv=True) == "xla"
     monkeypatch.setattr(jequi.backends.jax, "default_backend", lambda: "gpu")
-    assert jequi.default_backend() == "pallas"
+    cuda_backend = jequi.backends.BACKENDS["cuda"]
+    monkeypatch.setitem(jequi.backends.BACKENDS, "cuda", dataclasses.replace(cuda_backend, available=lambda: cuda))
+    assert jequi.default_backend() == ("cuda" if cuda else "pallas")
+    for name, shared in [("mace-large", False), ("mace-large", True), ("nequip-oam-main", False)]:
+        assert jequi.default_backend(desc(name), shared, conv=True) == ("cuda" if cuda else "pallas"), name
+    assert jequi.default_backend(desc("nequip-benzene"), conv=True) == "pallas"  # footprint above the limit
+    assert jequi.default_backend(desc("diffdock-l1"), conv=True) == "pallas"  # uvw: not a cuda product
     assert jequi.default_backend(unsupported) == "xla"
     for name, shared in [("mace-large", False), ("mace-large", True), ("diffdock-l1", False), ("tetris-poly-1", True)]:
         assert jequi.default_backend(desc(name), shared) == "pallas", (name, shared)

@@ -20,6 +20,7 @@ from typing import Callable
 import jax
 
 from . import cuda, pallas, xla
+from .cuda import footprint as cuda_footprint
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,11 +60,11 @@ def available_backends() -> list[str]:
     return [name for name, b in BACKENDS.items() if b.available()]
 
 
-def resolve(name: str | None, desc, shared_weights: bool = False) -> Backend:
-    """The backend called `name` for descriptor `desc`, or the default one for it (and for
-    weights shared by every row, `shared_weights`)."""
+def resolve(name: str | None, desc, shared_weights: bool = False, conv: bool = False) -> Backend:
+    """The backend called `name` for descriptor `desc`, or the default one for it (for weights
+    shared by every row, `shared_weights`, and for the fused convolution, `conv`)."""
     if name is None:
-        name = default_backend(desc, shared_weights)
+        name = default_backend(desc, shared_weights, conv)
     if name not in BACKENDS:
         raise ValueError(f"unknown backend {name!r}; known backends: {', '.join(BACKENDS)}")
     backend = BACKENDS[name]
@@ -73,10 +74,18 @@ def resolve(name: str | None, desc, shared_weights: bool = False) -> Backend:
     return backend
 
 
-def default_backend(desc=None, shared_weights: bool = False) -> str:
+# The CUDA conv kernels are the default for a channelwise conv whose backward lane holds at most
+# this many values per edge (ffi.schedule.backward_footprint). Measured (H200, the carbon
+# lattice, benchmarks/results/2026-11-23-h200-conv-cuda*.md): MACE-large (86) beats the Pallas
+# kernels in fwd and fwd+bwd, both dtypes; NequIP-benzene (134) wins its forward but its
+# backward runs 2-3x slower (registers spill).
+CUDA_CONV_FOOTPRINT = 100
+
+
+def default_backend(desc=None, shared_weights: bool = False, conv: bool = False) -> str:
     """The fastest correct backend for `desc` on the default JAX platform (with weights
-    shared by every row if `shared_weights`); without a descriptor, the platform's default
-    for the products the Pallas kernels run.
+    shared by every row if `shared_weights`; for the fused convolution if `conv`); without a
+    descriptor, the platform's default for the channelwise convolutions models run.
 
     Measured (benchmarks/results/2026-11-21-h200-tp.md): on GPU the Pallas kernels beat
     ``xla`` on every problem measured with per-row weights (channelwise and ``uvw``), so they
@@ -85,11 +94,22 @@ def default_backend(desc=None, shared_weights: bool = False) -> str:
     over several ``x`` channels goes to ``xla``: the kernels read each path's whole
     ``(u, w)`` weight block for every row, where XLA contracts the weights as matrix products
     (:func:`contracts_shared_weights`; benchmarks/results/2026-11-22-h200-shared-weights-float32.md).
+    The convolution of a channelwise product goes to the CUDA kernels where they run
+    (:data:`CUDA_CONV_FOOTPRINT`); its batched product stays on Pallas, whose forward measured
+    faster (MACE-large, 50,000 rows, float32 ``ir_mul``: 0.657 vs 0.735-0.755 ms).
     """
     if jax.default_backend() != "gpu":
         return "xla"
+    cuda = BACKENDS["cuda"]
     if desc is None:
-        return "pallas"
+        return "cuda" if cuda.available() else "pallas"
+    if conv and cuda.available():
+        try:
+            cuda.check(desc)
+            if cuda_footprint(desc) <= CUDA_CONV_FOOTPRINT:
+                return "cuda"
+        except ValueError:
+            pass
     try:
         BACKENDS["pallas"].check(desc)
     except ValueError:

@@ -23,6 +23,11 @@ def check(desc: TensorProductDescriptor):
         raise ValueError(f"{reason}; use backend='pallas' or 'xla'")
 
 
+def footprint(desc) -> int:
+    """Values a backward lane holds per edge (what decides whether the kernels pay)."""
+    return ffi.schedule.backward_footprint(desc)
+
+
 def forward(desc, x, y, w):
     return ffi.forward(desc, x, y, w)
 
