@@ -1,5 +1,5 @@
 """The NequIP-style model on the GPU: one training step and one inference step timed with
-jequi's conv (pallas, xla) vs the same model on e3nn-jax (gather, product, segment_sum), then
+jequi's conv (every available backend) vs the same model on e3nn-jax (gather, product, segment_sum), then
 a few minutes of training with the jequi backend whose step measured fastest, and its
 held-out errors. Device tool, from the repo root:
 
@@ -23,6 +23,7 @@ import time
 import jax
 from timing import timed
 
+import jequi
 from jequi.models import NequIPConfig, data
 from jequi.models.train import errors, evaluate, make_batches, predict, train
 
@@ -31,7 +32,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--train-structures", type=int, default=2000)
     ap.add_argument("--val-structures", type=int, default=200)
-    ap.add_argument("--train-seconds", type=float, default=180.0)
+    ap.add_argument("--train-seconds", type=float, default=180.0, help="0: the timings only")
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--hidden", default="64x0e+32x1o+16x2e")
     ap.add_argument("--out", default=str(pathlib.Path(__file__).resolve().parent / "results"))
@@ -51,9 +52,9 @@ def main():
     params, _ = train(base, train_set[: a.batch_size], steps=1, batch_size=a.batch_size, progress=False)
     val_batches = make_batches(val_set, base, a.batch_size)  # the variants differ in the conv only
     before = evaluate(params, base, val_batches)
-    fast = "pallas" if jax.default_backend() == "gpu" else "xla"
-    variants = {f"jequi-{fast}": dataclasses.replace(base, backend=fast), "jequi-xla": dataclasses.replace(base, backend="xla"),
-                "e3nn": dataclasses.replace(base, conv="e3nn")}
+    kernels = [b for b in ("cuda", "pallas") if jax.default_backend() == "gpu" and b in jequi.available_backends()]
+    variants = {f"jequi-{b}": dataclasses.replace(base, backend=b) for b in kernels + ["xla"]}
+    variants["e3nn"] = dataclasses.replace(base, conv="e3nn")
     for name, config in variants.items():
         infer = jax.jit(lambda p, b, c=config: predict(p, c, b))
         grad_step = jax.jit(jax.grad(lambda p, b, c=config: errors(p, c, b)[0]))
@@ -65,6 +66,8 @@ def main():
 
     stem = f"{result['date']}-{re.sub('[^a-z0-9]+', '-', dev.device_kind.lower()).strip('-')}-model"
     write(result, stem, pathlib.Path(a.out))  # the timings survive a run cut short in training
+    if a.train_seconds <= 0:
+        return
 
     # Training with jequi's backend of the fastest measured training step; the step count
     # from a short calibration run on a few batches (a whole step: gradient, optimizer
