@@ -2,19 +2,24 @@
 
 Four kinds, each one ``extern "C" __global__`` function ``jequi_<kind>``:
 
-* ``tp_forward`` / ``tp_backward``: the batched product; a block owns 32 rows.
-* ``conv_forward``: a block owns a receiver and walks its edges (receiver order) in chunks
-  of 32, keeping the sums in registers and writing the output row once.
+* ``tp_forward`` / ``tp_backward``: the batched product; a block owns a chunk of rows.
+* ``conv_forward``: a block owns a receiver and walks its edges (receiver order) in chunks,
+  keeping the sums in registers and writing the output row once.
 * ``conv_backward``: a block owns a sender and walks its edges (sender order); it writes
   ``gy`` and ``gw`` per edge and the sender's ``gx`` once. One extra block zeroes the rows of
   dropped edges (out-of-range indices), which no sender walks.
 
-Per chunk of 32 edges (rows) every warp first builds ``A`` (:mod:`.schedule`) for some of the
-chunk's terms, one edge per lane, with the CG coefficients as literals; after a barrier each
-warp runs its :class:`~.schedule.Program` over the chunk's edges, one channel per lane, reading
-``A`` from shared memory by broadcast. ``gy`` (a sum over channels) is reduced within a warp by
-a butterfly that halves the values each step, and across warps in a fixed order: every kernel
-is deterministic. Batches from ``jax.vmap`` arrive as grid rows ``blockIdx.y``.
+Per chunk of edges (rows; 32, or fewer where the tables would not fit :data:`SMEM_BUDGET`)
+every warp first builds ``A`` (:mod:`.schedule`) for some of the chunk's terms, one edge per
+lane, with the CG coefficients as literals; after a barrier each warp runs its
+:class:`~.schedule.Program` over the chunk's edges, one channel per lane, reading ``A`` from
+shared memory by broadcast, with the next edge's operands loaded before this one's arithmetic
+and the weight rows a few edges ahead requested into L2. Data used once streams past the
+caches; the gathered rows keep L2. ``gy`` (a sum over channels) is reduced within a warp by a
+butterfly that halves the values each step, and across warps in a fixed order: every kernel is
+deterministic. A product with many programs spreads them over several blocks per node
+(``blockIdx.x = node * groups + group``; the groups' ``gy`` partials are summed by the
+caller). Batches from ``jax.vmap`` arrive as grid rows ``blockIdx.y``.
 """
 
 from __future__ import annotations
@@ -63,12 +68,12 @@ class _Writer:
         self.lines.extend("  " * self.depth + line for line in lines)
 
     @contextlib.contextmanager
-    def block(self, head: str, tail: str = "}"):
+    def block(self, head: str):
         self(head + " {")
         self.depth += 1
         yield
         self.depth -= 1
-        self(tail)
+        self("}")
 
     def text(self) -> str:
         return "\n".join(self.lines) + "\n"
@@ -87,10 +92,6 @@ class _Names:
 
     def __init__(self, terms: list[Term]):
         self.term = {id(t): n for n, t in enumerate(terms)}
-
-    @staticmethod
-    def seg(s: Segment) -> str:
-        return f"{s.offset}"
 
     def x(self, s: Segment, i: int) -> str:
         return f"x{s.offset}_{i}"

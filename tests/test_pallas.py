@@ -400,11 +400,12 @@ def test_default_backend(monkeypatch, cuda):
     monkeypatch.setattr(jequi.backends.jax, "default_backend", lambda: "gpu")
     cuda_backend = jequi.backends.BACKENDS["cuda"]
     monkeypatch.setitem(jequi.backends.BACKENDS, "cuda", dataclasses.replace(cuda_backend, available=lambda: cuda))
-    assert jequi.default_backend() == ("cuda" if cuda else "pallas")
-    for name, shared in [("mace-large", False), ("mace-large", True), ("nequip-oam-main", False)]:
-        assert jequi.default_backend(desc(name), shared, conv=True) == ("cuda" if cuda else "pallas"), name
-    assert jequi.default_backend(desc("nequip-benzene"), conv=True) == "pallas"  # footprint above the limit
-    assert jequi.default_backend(desc("diffdock-l1"), conv=True) == "pallas"  # uvw: not a cuda product
+    assert jequi.default_backend() == "pallas"
+    for shared in (False, True):
+        assert jequi.default_backend(desc("mace-large"), shared, conv=True) == ("cuda" if cuda else "pallas")
+        assert jequi.default_backend(desc("mace-large"), shared) == "pallas"  # the batched product
+    for name in ("nequip-oam-main", "nequip-benzene", "diffdock-l1"):  # narrow groups, spills, uvw
+        assert jequi.default_backend(desc(name), conv=True) == "pallas", name
     assert jequi.default_backend(unsupported) == "xla"
     for name, shared in [("mace-large", False), ("mace-large", True), ("diffdock-l1", False), ("tetris-poly-1", True)]:
         assert jequi.default_backend(desc(name), shared) == "pallas", (name, shared)

@@ -74,18 +74,22 @@ def resolve(name: str | None, desc, shared_weights: bool = False, conv: bool = F
     return backend
 
 
-# The CUDA conv kernels are the default for a channelwise conv whose backward lane holds at most
-# this many values per edge (ffi.schedule.backward_footprint). Measured (H200, the carbon
-# lattice, benchmarks/results/2026-11-23-h200-conv-cuda*.md): MACE-large (86) beats the Pallas
-# kernels in fwd and fwd+bwd, both dtypes; NequIP-benzene (134) wins its forward but its
-# backward runs 2-3x slower (registers spill).
+# The CUDA conv kernels are the default for a channelwise conv whose channel groups are all at
+# least CUDA_CONV_MIN_CHANNELS wide and whose backward lane holds at most CUDA_CONV_FOOTPRINT
+# values per edge (ffi.schedule.backward_footprint). Measured (H200): MACE-large (128 channels,
+# 86 values) on the carbon lattice and the water box beats the Pallas kernels in fwd and
+# fwd+bwd in both dtypes (benchmarks/results/2026-11-23-h200-conv-cuda-*.md); NequIP-benzene
+# (64 channels, 134 values) wins its forward but its backward ran 2-3x slower (registers
+# spill); jequi.models' product (64/32/16 channels, a 512-node batch) ran inference 2x and the
+# training step 2.8x slower (2026-11-23-nvidia-h200-model-cuda.md).
+CUDA_CONV_MIN_CHANNELS = 128
 CUDA_CONV_FOOTPRINT = 100
 
 
 def default_backend(desc=None, shared_weights: bool = False, conv: bool = False) -> str:
     """The fastest correct backend for `desc` on the default JAX platform (with weights
     shared by every row if `shared_weights`; for the fused convolution if `conv`); without a
-    descriptor, the platform's default for the channelwise convolutions models run.
+    descriptor, the platform's default for the products the Pallas kernels run.
 
     Measured (benchmarks/results/2026-11-21-h200-tp.md): on GPU the Pallas kernels beat
     ``xla`` on every problem measured with per-row weights (channelwise and ``uvw``), so they
@@ -94,27 +98,34 @@ def default_backend(desc=None, shared_weights: bool = False, conv: bool = False)
     over several ``x`` channels goes to ``xla``: the kernels read each path's whole
     ``(u, w)`` weight block for every row, where XLA contracts the weights as matrix products
     (:func:`contracts_shared_weights`; benchmarks/results/2026-11-22-h200-shared-weights-float32.md).
-    The convolution of a channelwise product goes to the CUDA kernels where they run
-    (:data:`CUDA_CONV_FOOTPRINT`); its batched product stays on Pallas, whose forward measured
-    faster (MACE-large, 50,000 rows, float32 ``ir_mul``: 0.657 vs 0.735-0.755 ms).
+    The convolution of a wide channelwise product goes to the CUDA kernels where they were
+    measured to pay (:data:`CUDA_CONV_MIN_CHANNELS`, :data:`CUDA_CONV_FOOTPRINT`); its batched
+    product stays on Pallas, whose forward and double backward measured faster (MACE-large,
+    50,000 rows, float32: fwd 0.666 vs 0.793 ms in ``ir_mul``, dbl 0.922 vs 1.231 ms;
+    2026-11-23-h200-tp-cuda-tp-f32.md).
     """
     if jax.default_backend() != "gpu":
         return "xla"
-    cuda = BACKENDS["cuda"]
     if desc is None:
-        return "cuda" if cuda.available() else "pallas"
-    if conv and cuda.available():
-        try:
-            cuda.check(desc)
-            if cuda_footprint(desc) <= CUDA_CONV_FOOTPRINT:
-                return "cuda"
-        except ValueError:
-            pass
+        return "pallas"
+    if conv and _cuda_conv_pays(desc):
+        return "cuda"
     try:
         BACKENDS["pallas"].check(desc)
     except ValueError:
         return "xla"
     return "xla" if shared_weights and contracts_shared_weights(desc) else "pallas"
+
+
+def _cuda_conv_pays(desc) -> bool:
+    cuda = BACKENDS["cuda"]
+    if not cuda.available() or min((p.mul_in1 for p in desc.active_paths), default=0) < CUDA_CONV_MIN_CHANNELS:
+        return False
+    try:
+        cuda.check(desc)
+    except ValueError:
+        return False
+    return cuda_footprint(desc) <= CUDA_CONV_FOOTPRINT
 
 
 def contracts_shared_weights(desc) -> bool:
