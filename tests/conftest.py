@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 from e3nn_jax.legacy import FunctionalTensorProduct
 
+from jequi.backends import xla
+
 jax.config.update("jax_enable_x64", True)
 
 
@@ -51,6 +53,18 @@ def assert_close(a, b, rtol, what=""):
     scale = max(np.abs(b).max(initial=0.0), 1e-30)
     err = np.abs(a - b).max(initial=0.0) / scale
     assert err <= rtol, f"{what}: max error {err:.3g} relative to max |ref| (tolerance {rtol})"
+
+
+def check_batched(tp, backend: str, batch: int, dtype, shared: bool, tol: float):
+    """`tp` on `backend`: the forward and the (x, y, w) gradients of ``<tp(x, y, w), g>``
+    against the pure-JAX reference on random inputs."""
+    x, y, w = random_inputs(tp, batch, dtype, shared=shared)
+    ref = lambda *a: xla.forward(tp.descriptor, *a)  # noqa: E731
+    assert_close(tp(x, y, w, backend=backend), ref(x, y, w), tol, "forward")
+    g = np.random.default_rng(2).normal(size=(batch, tp.irreps_out.dim)).astype(dtype)
+    grads = lambda f: jax.grad(lambda *a: jnp.vdot(f(*a), g), argnums=(0, 1, 2))(x, y, w)  # noqa: E731
+    for a, b, what in zip(grads(lambda *a: tp(*a, backend=backend)), grads(ref), "xyw"):
+        assert_close(a, b, tol, f"d/d{what}")
 
 
 @pytest.fixture

@@ -9,11 +9,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import assert_close, random_inputs
+from conftest import assert_close, check_batched
 
 import jequi
-from ffi import build, codegen, ops, schedule
-from jequi.backends import xla
+from ffi import build, ops, schedule
 
 ON_GPU = "cuda" in jequi.available_backends()
 gpu = pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU and nvcc (the cuda backend)")
@@ -102,23 +101,12 @@ def test_generated_kernels_compile(name, dtype, kind, needs, shared, tmp_path, m
     assert usage["registers"] and usage["spill_stores"] <= ops.SPILL_BYTES, usage
 
 
-def _close(a, b, dtype, what=""):
-    assert_close(a, b, TOL[dtype], what)
-
-
 @gpu
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("shared", [False, True])
 @pytest.mark.parametrize("name", list(PROBLEMS))
 def test_batched_forward_and_backward(name, shared, dtype):
-    tp = PROBLEMS[name]()
-    x, y, w = random_inputs(tp, BATCH, dtype, shared=shared)
-    ref = functools.partial(xla.forward, tp.descriptor)
-    _close(tp(x, y, w, backend="cuda"), ref(x, y, w), dtype, "forward")
-    g = np.random.default_rng(2).normal(size=(BATCH, tp.irreps_out.dim)).astype(dtype)
-    grads = lambda f: jax.grad(lambda *a: jnp.vdot(f(*a), g), argnums=(0, 1, 2))(x, y, w)  # noqa: E731
-    for a, b, what in zip(grads(functools.partial(tp, backend="cuda")), grads(ref), "xyw"):
-        _close(a, b, dtype, f"d/d{what}")
+    check_batched(PROBLEMS[name](), "cuda", BATCH, dtype, shared, TOL[dtype])
 
 
 def _graph(rng, tp, n, e, dtype, shared=False):
@@ -140,11 +128,11 @@ def test_conv_values_and_gradients(name, shared, dtype):
     s[:3], r[3:5] = [n, -1, n + 7], [n, -3]  # dropped edges
     r[10:300] = 7  # a hub with chunks of several edges
     conv = lambda b: lambda x, y, w: tp.conv(x, y, w, s, r, n, backend=b)  # noqa: E731
-    _close(conv("cuda")(x, y, w), conv("xla")(x, y, w), dtype, "forward")
+    assert_close(conv("cuda")(x, y, w), conv("xla")(x, y, w), TOL[dtype], "forward")
     loss = lambda b: lambda x, y, w: jnp.sum(jnp.sin(conv(b)(x, y, w)))  # noqa: E731
     ours = jax.grad(loss("cuda"), argnums=(0, 1, 2))(x, y, w)
     for a, b, what in zip(ours, jax.grad(loss("xla"), argnums=(0, 1, 2))(x, y, w), "xyw"):
-        _close(a, b, dtype, f"d/d{what}")
+        assert_close(a, b, TOL[dtype], f"d/d{what}")
     if not shared:
         assert not np.any(np.asarray(ours[1])[:5]) and not np.any(np.asarray(ours[2])[:5])
 
@@ -170,8 +158,9 @@ def test_second_and_third_order(name):
 
 @gpu
 def test_force_training_step_matches():
-    """Energy, forces and the parameter gradient of a force loss (second order) of the NequIP
-    model on the cuda backend equal the reference's."""
+    """The shape of force training: a loss on the gradient with respect to y (the
+    spherical harmonics, which carry the positions), differentiated by x and w, equals the
+    reference's (second order, with y unperturbed at the outer level)."""
     tp = PROBLEMS["uvu"]()
     rng = np.random.default_rng(5)
     n, e = 40, 400

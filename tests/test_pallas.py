@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import assert_close, random_inputs
+from conftest import assert_close, check_batched, random_inputs
 
 import jequi
 import pallas_kernels
@@ -44,14 +44,7 @@ TOL = {np.float32: 5e-5, np.float64: 1e-11}
 @pytest.mark.parametrize("shared", [False, True])
 @pytest.mark.parametrize("name", list(PROBLEMS))
 def test_forward_and_backward(name, shared, dtype):
-    tp = PROBLEMS[name]()
-    x, y, w = random_inputs(tp, BATCH, dtype, shared=shared)
-    ref = functools.partial(xla.forward, tp.descriptor)
-    assert_close(tp(x, y, w, backend="pallas"), ref(x, y, w), TOL[dtype], "forward")
-    g = np.random.default_rng(2).normal(size=(BATCH, tp.irreps_out.dim)).astype(dtype)
-    grads = lambda f: jax.grad(lambda *a: jnp.vdot(f(*a), g), argnums=(0, 1, 2))(x, y, w)  # noqa: E731
-    for a, b, what in zip(grads(functools.partial(tp, backend="pallas")), grads(ref), "xyw"):
-        assert_close(a, b, TOL[dtype], f"d/d{what}")
+    check_batched(PROBLEMS[name](), "pallas", BATCH, dtype, shared, TOL[dtype])
 
 
 @pytest.mark.parametrize("name", ["uvu", "uvw"])
