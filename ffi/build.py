@@ -50,8 +50,9 @@ def cxx() -> str | None:
     return next((shutil.which(c) for c in (os.environ.get("CXX") or "", "c++", "g++") if c and shutil.which(c)), None)
 
 
+@functools.cache
 def toolchain_missing() -> str | None:
-    """Why kernels cannot be built here, or None."""
+    """Why kernels cannot be built here, or None (looked up once per process)."""
     if nvcc() is None:
         return "nvcc was not found (PATH, $CUDA_HOME)"
     if cxx() is None:
@@ -100,7 +101,7 @@ def cubin(source: str, arch: str | None = None) -> pathlib.Path:
     compiler = nvcc()
     if compiler is None:
         raise RuntimeError(toolchain_missing())
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
+    version = _version(compiler)
 
     def make(out: pathlib.Path):
         src = out.with_suffix(".cu")
@@ -108,6 +109,11 @@ def cubin(source: str, arch: str | None = None) -> pathlib.Path:
         _run([compiler, *NVCC_FLAGS, f"-arch={arch}", str(src), "-o", str(out)], "nvcc", out.with_suffix(".log"))
 
     return _cached((source, arch, version, NVCC_FLAGS), f"-{arch}.cubin", make)
+
+
+@functools.cache
+def _version(compiler: str) -> str:
+    return subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
 
 
 def resources(path: pathlib.Path) -> dict:

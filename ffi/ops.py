@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -21,8 +22,10 @@ def available() -> bool:
     return jax.default_backend() == "gpu" and build.toolchain_missing() is None
 
 
+@functools.lru_cache(maxsize=256)
 def unsupported_reason(desc) -> str | None:
-    """Why the kernels cannot run `desc` (its trilinear view), or None."""
+    """Why the kernels cannot run `desc` (its trilinear view), or None (once per descriptor:
+    every call of a product resolves its backend)."""
     bad = schedule.unsupported(desc)
     if bad:
         return f"the cuda backend runs mode(s) {', '.join(schedule.SUPPORTED_MODES)}, not {', '.join(sorted(bad))}"
@@ -67,16 +70,14 @@ def forward(desc, x, y, w):
     return build.call(k, (x, y, w), _struct((n, dout), x.dtype), -(-n // k.chunk) * k.groups, x.size, [n])
 
 
-def _gradients(k, needs, results, shapes):
+def _gradients(k, needs, results, shared: bool):
     """``(gx, gy, gw)`` with None for those not computed: the groups' gy partials and the
     blocks' shared-weight partials summed."""
-    results, out = iter(results), []
-    for need in needs:
-        out.append(next(results) if need else None)
-    gx, gy, gw = out
+    results = iter(results)
+    gx, gy, gw = (next(results) if need else None for need in needs)
     if gy is not None:
         gy = jnp.sum(gy, axis=-3) if k.groups > 1 else gy[..., 0, :, :]
-    if gw is not None and gw.shape[-2:] != shapes[2]:
+    if gw is not None and shared:
         gw = jnp.sum(gw, axis=-2)
     return gx, gy, gw
 
@@ -90,7 +91,7 @@ def backward(desc, x, y, w, gz, needs=(True, True, True)):
     shapes = [(n, d1), (k.groups, n, d2), (blocks, desc.weight_numel) if shared else (n, desc.weight_numel)]
     outs = [_struct(s, x.dtype) for s, need in zip(shapes, needs) if need]
     results = build.call(k, (x, y, w, gz), outs, blocks * k.groups, x.size, [n])
-    return _gradients(k, needs, results, [shapes[0], shapes[1], w.shape])
+    return _gradients(k, needs, results, shared)
 
 
 def conv_forward(desc, x, y, w, graph):
@@ -110,4 +111,4 @@ def conv_backward(desc, x, y, w, gout, graph, needs=(True, True, True)):
     outs = [_struct(s, x.dtype) for s, need in zip(shapes, needs) if need]
     args = (x, y, w, gout, graph.sender_order, graph.sender_receivers, graph.sender_offsets)
     results = build.call(k, args, outs, (ns + 1) * k.groups, x.size, [graph.num_nodes, ns, e])
-    return _gradients(k, needs, results, [shapes[0], shapes[1], w.shape])
+    return _gradients(k, needs, results, shared)

@@ -70,9 +70,9 @@ class Term:
     y: Segment
     out: Segment
 
-    @functools.cached_property
+    @property
     def cg(self) -> np.ndarray:
-        return np.asarray(self.path.cg, np.float64)
+        return self.path.cg
 
     @property
     def y_positions(self) -> np.ndarray:
