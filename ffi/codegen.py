@@ -83,28 +83,62 @@ def _lit(c: float) -> str:
     return f"T({float(c)!r})"
 
 
-def _load(row: str, index: str, stream: bool) -> str:
-    return f"__ldcs({row} + {index})" if stream else f"__ldg({row} + {index})"
+def _vtype(width: int) -> str:
+    return "T" if width == 1 else f"T{width}"
+
+
+def _load(row: str, index: str, stream: bool, width: int = 1) -> str:
+    """A load of `width` adjacent values (one vector load: the index is a multiple of it)."""
+    address = f"{row} + {index}" if width == 1 else f"reinterpret_cast<const T{width}*>({row} + {index})"
+    return f"__ldcs({address})" if stream else f"__ldg({address})"
+
+
+def _store(row: str, index: str, values: list[str]) -> str:
+    """A streaming store of adjacent `values` (one vector store)."""
+    if len(values) == 1:
+        return f"__stcs({row} + {index}, {values[0]});"
+    return f"__stcs(reinterpret_cast<T{len(values)}*>({row} + {index}), MAKE{len(values)}({', '.join(values)}));"
+
+
+def _base(s: Segment, u: str) -> str:
+    """C expression of channel `u`'s first element of segment `s`."""
+    return f"{s.offset} + {u} * {s.ir_dim}" if s.layout == "mul_ir" else f"{s.offset} + {u}"
+
+
+def _vectors(s: Segment, v: int) -> list[tuple[int, list[tuple[int, int]]]]:
+    """A lane's `v` channels of segment `s` as vectors of `v` adjacent values: per vector, its
+    offset from the lane's first element and the ``(component, channel)`` of each value."""
+    if s.layout == "mul_ir":  # the lane's channels' components are v * ir_dim adjacent values
+        return [(n * v, [((n * v + m) % s.ir_dim, (n * v + m) // s.ir_dim) for m in range(v)]) for n in range(s.ir_dim)]
+    return [(i * s.mul, [(i, c) for c in range(v)]) for i in range(s.ir_dim)]
 
 
 class _Names:
-    """C names of a program's values, by segment and term."""
+    """C names of a program's per-lane values (its `channels` channels), by segment and term:
+    loaded vectors are named per vector, their values by component."""
 
-    def __init__(self, terms: list[Term]):
-        self.term = {id(t): n for n, t in enumerate(terms)}
+    def __init__(self, p: Program):
+        self.v = p.channels
+        self.term = {id(t): n for n, t in enumerate(p.terms)}
+        self.place = {}
+        for s in p.x_segments + p.out_segments:
+            for n, (_, values) in enumerate(_vectors(s, self.v)):
+                for m, (i, c) in enumerate(values):
+                    self.place[s.offset, i, c] = (n, m)
 
-    def x(self, s: Segment, i: int) -> str:
-        return f"x{s.offset}_{i}"
+    def _part(self, var: str, m: int) -> str:
+        return var if self.v == 1 else f"{var}.{'xyzw'[m]}"
 
-    def w(self, t: Term) -> str:
-        return f"w{self.term[id(t)]}"
+    def x(self, s: Segment, i: int, c: int) -> str:
+        n, m = self.place[s.offset, i, c]
+        return self._part(f"x{s.offset}_{n}", m)
 
+    def g(self, s: Segment, k: int, c: int) -> str:
+        n, m = self.place[s.offset, k, c]
+        return self._part(f"g{s.offset}_{n}", m)
 
-def _base(s: Segment, u: str) -> tuple[str, int]:
-    """C expression of channel `u`'s first element of segment `s`, and the component stride."""
-    if s.layout == "mul_ir":
-        return f"{s.offset} + {u} * {s.ir_dim}", 1
-    return f"{s.offset} + {u}", s.mul
+    def w(self, t: Term, c: int) -> str:
+        return self._part(f"w{self.term[id(t)]}", c)
 
 
 class _Group:
@@ -138,10 +172,10 @@ class _Kernel:
         self.backward = kind.endswith("backward")
         self.conv = kind.startswith("conv")
         if self.backward:
-            programs = schedule.backward_programs(desc, config.backward_values)
+            programs = schedule.backward_programs(desc, self.dtype, config.backward_values, config.channels)
         else:
             regs = config.forward_registers if self.conv else config.batched_forward_registers
-            programs = schedule.forward_programs(desc, self.dtype, regs)
+            programs = schedule.forward_programs(desc, self.dtype, regs, config.channels)
         self.vector = 16 // self.dtype.itemsize
         self.groups = [_Group(ps, self.vector, self.backward and self.needs_gy)
                        for ps in schedule.block_groups(programs, config.block_warps)]  # fmt: skip
@@ -159,7 +193,10 @@ class _Kernel:
         w = self.w
         w(f"// jequi {self.kind}: {self.desc!r}, {self.dtype.name}, needs {self.needs_gx, self.needs_gy, self.needs_gw}, shared weights {self.shared}")
         w(f"typedef {'float' if self.dtype == np.float32 else 'double'} T;")
-        w(f"typedef {'float4' if self.dtype == np.float32 else 'double2'} TV;")
+        base = "float" if self.dtype == np.float32 else "double"
+        for n in (2, 4) if self.dtype == np.float32 else (2,):
+            w(f"typedef {base}{n} T{n};", f"#define MAKE{n} make_{base}{n}")
+        w(f"typedef T{self.vector} TV;")
         w("#define FULL 0xffffffffu")
         w(f"constexpr int K = {self.chunk}, D1 = {d1}, D2 = {d2}, DOUT = {dout}, NW = {self.desc.weight_numel}, G = {len(self.groups)};")
         w("")
@@ -185,32 +222,47 @@ class _Kernel:
                         w("break;")
 
     def channel(self, q: int, p: Program):
-        """The lane's channel ``u`` (clamped into range: lanes past ``mul`` load valid data,
-        compute, and store nothing) and its segments' first elements."""
+        """The lane's first channel ``u`` (clamped into range: lanes past ``mul`` load valid
+        data, compute, and store nothing; only programs of one channel per lane have them) and
+        its segments' first elements."""
         w = self.w
-        w(f"const int u0 = {'0' if p.warps == 1 else f'(warp - {self.g.first_warp[q]}) * {LANES}'};")
-        if p.mul % LANES == 0:
-            w("const int u = u0 + lane;", "const bool active = true;")
+        width = LANES * p.channels
+        w(f"const int u0 = {'0' if p.warps == 1 else f'(warp - {self.g.first_warp[q]}) * {width}'};")
+        if p.mul % width == 0:
+            w(f"const int u = u0 + lane * {p.channels};", "const bool active = true;")
         else:
+            assert p.channels == 1, p
             w(f"const int u = min(u0 + lane, {p.mul - 1});", f"const bool active = u0 + lane < {p.mul};")
         for prefix, segments in (("bx", p.x_segments), ("bo", p.out_segments)):
             for s in segments:
-                w(f"const int {prefix}{s.offset} = {_base(s, 'u')[0]};")
+                w(f"const int {prefix}{s.offset} = {_base(s, 'u')};")
 
     # Loads and stores of data read or written once (a row of the batched product, an edge's
     # weights and gradients, an output row) stream past the caches (.cs): the gathered rows
     # (x by sender, the cotangent by receiver) keep L2 to themselves.
+    # Loads return (name, vector width, expression) of each vector; _Names names its values.
     @staticmethod
-    def x_loads(p: Program, names: _Names, row: str, stream: bool) -> list[tuple[str, str]]:
-        return [(names.x(s, i), _load(row, f"bx{s.offset} + {i * _base(s, 'u')[1]}", stream)) for s in p.x_segments for i in range(s.ir_dim)]
+    def _segment_loads(prefix: str, base: str, segments, v: int, row: str, stream: bool):
+        return [(f"{prefix}{s.offset}_{n}", v, _load(row, f"{base}{s.offset} + {offset}", stream, v))
+                for s in segments for n, (offset, _) in enumerate(_vectors(s, v))]  # fmt: skip
+
+    def x_loads(self, p: Program, row: str, stream: bool):
+        return self._segment_loads("x", "bx", p.x_segments, p.channels, row, stream)
+
+    def g_loads(self, p: Program, row: str, stream: bool):
+        return self._segment_loads("g", "bo", p.out_segments, p.channels, row, stream)
 
     @staticmethod
-    def w_loads(p: Program, names: _Names, row: str, stream: bool = True) -> list[tuple[str, str]]:
-        return [(names.w(t), _load(row, t.weight_position("u"), stream)) for t in p.terms]
+    def w_loads(p: Program, names: _Names, row: str, stream: bool = True):
+        # lane_channels keeps a lane's channels' weights adjacent (one vector) where it has several
+        return [(f"w{names.term[id(t)]}", p.channels, _load(row, t.weight_position("u"), stream, p.channels)) for t in p.terms]
 
-    @staticmethod
-    def g_loads(p: Program, row: str, stream: bool) -> list[tuple[str, str]]:
-        return [(f"g{s.offset}_{k}", _load(row, f"bo{s.offset} + {k * _base(s, 'u')[1]}", stream)) for s in p.out_segments for k in range(s.ir_dim)]
+    def store_segments(self, segments, base: str, row: str, value, v: int):
+        """Store `value(segment, component, channel)` (a C name) of each of the lane's channels
+        of `segments` (``{base}{offset}``: the lane's first element of each), by vectors."""
+        for s in segments:
+            for offset, values in _vectors(s, v):
+                self.w(f"if (active) {_store(row, f'{base}{s.offset} + {offset}', [value(s, i, c) for i, c in values])}")
 
     def load_a(self, t: Term, names: _Names, row: str) -> list[str]:
         """Vector loads of term `t`'s ``A`` entries; returns the C name of each entry."""
@@ -222,30 +274,32 @@ class _Kernel:
             out += [f"a{tag}_{q}.{c}" for c in "xyzw"[: self.vector]]
         return out[:n]
 
-    def prefetched_loop(self, n: str, pointers, loads, body):
+    def prefetched_loop(self, p: Program, n: str, pointers, loads, body):
         """``for kk < n: body(kk)`` with edge (row) kk + 1's `loads` issued before edge kk's
-        arithmetic. ``pointers(k)``: C lines declaring edge k's row pointers (names ending in
-        the suffix it is given); ``loads(suffix)``: ``(name, expression)`` of each value."""
+        arithmetic where program `p` has the registers for them. ``pointers(k)``: C lines
+        declaring edge k's row pointers (names ending in the suffix it is given);
+        ``loads(suffix)``: ``(name, width, expression)`` of each vector."""
         w = self.w
         values = loads("_n")
-        if len(values) * (self.dtype.itemsize // 4) > self.config.prefetch:
+        if not p.prefetch or sum(width for _, width, _ in values) * (self.dtype.itemsize // 4) > self.config.prefetch:
             with w.block(f"for (int kk = 0; kk < {n}; ++kk)"):
                 w(*pointers("kk", "_n"))
-                for name, expr in values:
-                    w(f"const T {name} = {expr};")
+                for name, width, expr in values:
+                    w(f"const {_vtype(width)} {name} = {expr};")
                 body()
             return
-        w(f"T {', '.join('p' + name for name, _ in values)};")
+        for name, width, _ in values:
+            w(f"{_vtype(width)} p{name};")
         with w.block(f"if ({n} > 0)"):
             w(*pointers("0", "_n"))
-            for name, expr in values:
+            for name, _, expr in values:
                 w(f"p{name} = {expr};")
         with w.block(f"for (int kk = 0; kk < {n}; ++kk)"):
-            for name, _ in values:
-                w(f"const T {name} = p{name};")
+            for name, width, _ in values:
+                w(f"const {_vtype(width)} {name} = p{name};")
             with w.block(f"if (kk + 1 < {n})"):
                 w(*pointers("kk + 1", "_n"))
-                for name, expr in values:
+                for name, _, expr in values:
                     w(f"p{name} = {expr};")
             body()
 
@@ -266,68 +320,76 @@ class _Kernel:
 
     # --- forward ---------------------------------------------------------------------------
     def forward_math(self, p: Program, names: _Names, arow: str):
-        """One edge's (row's) multiply-adds into the ``acc`` sums."""
+        """One edge's (row's) multiply-adds into the ``acc`` sums (of each of the lane's
+        channels: one read of ``A`` serves them all)."""
         w = self.w
         for t in p.terms:
             tag = names.term[id(t)]
             for i in sorted({i for i, _ in t.entries}):
-                w(f"const T wx{tag}_{i} = {names.w(t)} * {names.x(t.x, i)};")
+                for c in range(p.channels):
+                    w(f"const T wx{tag}_{i}_{c} = {names.w(t, c)} * {names.x(t.x, i, c)};")
         for t in p.terms:
             tag = names.term[id(t)]
             for (i, k), a in zip(t.entries, self.load_a(t, names, arow)):
-                acc = f"acc{t.out.offset}_{k}"
-                w(f"{acc} = fma({a}, wx{tag}_{i}, {acc});")
+                for c in range(p.channels):
+                    acc = f"acc{t.out.offset}_{k}_{c}"
+                    w(f"{acc} = fma({a}, wx{tag}_{i}_{c}, {acc});")
 
     def declare_acc(self, p: Program):
         for s in p.out_segments:
-            self.w(f"T {', '.join(f'acc{s.offset}_{k} = 0' for k in range(s.ir_dim))};")
+            self.w(f"T {', '.join(f'acc{s.offset}_{k}_{c} = 0' for k in range(s.ir_dim) for c in range(p.channels))};")
 
     def store_acc(self, p: Program, row: str):
-        for s in p.out_segments:
-            _, stride = _base(s, "u")
-            for k in range(s.ir_dim):
-                self.w(f"if (active) __stcs({row} + bo{s.offset} + {k * stride}, acc{s.offset}_{k});")
+        self.store_segments(p.out_segments, "bo", row, lambda s, k, c: f"acc{s.offset}_{k}_{c}", p.channels)
 
     # --- backward --------------------------------------------------------------------------
     def backward_math(self, q: int, p: Program, names: _Names, arow: str, gwrow: str, gyrow: str):
         """One edge's (row's) gradients: ``gw`` stored (or summed, shared weights), ``gx``
         added to the ``gx`` sums, ``gy``'s warp sums written to shared memory row `gyrow`."""
         w = self.w
+        channels = range(p.channels)
         if self.needs_gx or self.needs_gw:
             for t in p.terms:
                 tag = names.term[id(t)]
                 v = {}
                 for (i, k), a in zip(t.entries, self.load_a(t, names, arow)):
-                    v[i] = f"fma({a}, g{t.out.offset}_{k}, {v[i]})" if i in v else f"{a} * g{t.out.offset}_{k}"
-                for i, expr in v.items():
-                    w(f"const T v{tag}_{i} = {expr};")
+                    for c in channels:
+                        g = names.g(t.out, k, c)
+                        v[i, c] = f"fma({a}, {g}, {v[i, c]})" if (i, c) in v else f"{a} * {g}"
+                for (i, c), expr in v.items():
+                    w(f"const T v{tag}_{i}_{c} = {expr};")
+                rows = sorted({i for i, _ in v})
                 if self.needs_gw:
-                    expr = None
-                    for i in v:
-                        expr = f"fma({names.x(t.x, i)}, v{tag}_{i}, {expr})" if expr else f"{names.x(t.x, i)} * v{tag}_{i}"
-                    if self.shared:
-                        w(f"if (active) gw{tag} += {expr};")
-                    else:
-                        w(f"if (active) __stcs({gwrow} + {t.weight_position('u')}, {expr});")
+                    for c in channels:
+                        expr = None
+                        for i in rows:
+                            x = names.x(t.x, i, c)
+                            expr = f"fma({x}, v{tag}_{i}_{c}, {expr})" if expr else f"{x} * v{tag}_{i}_{c}"
+                        w(f"{'' if self.shared else 'const T '}gw{tag}_{c} {'+' if self.shared else ''}= {expr};")
+                    if not self.shared:  # lane_channels keeps the lane's channels' weights adjacent
+                        w(f"if (active) {_store(gwrow, t.weight_position('u'), [f'gw{tag}_{c}' for c in channels])}")
                 if self.needs_gx:
-                    for i in v:
-                        w(f"gx{t.x.offset}_{i} = fma({names.w(t)}, v{tag}_{i}, gx{t.x.offset}_{i});")
+                    for i in rows:
+                        for c in channels:
+                            w(f"gx{t.x.offset}_{i}_{c} = fma({names.w(t, c)}, v{tag}_{i}_{c}, gx{t.x.offset}_{i}_{c});")
         if self.needs_gy:
             ys = p.y_positions
             w(f"T {', '.join(f'gy{j} = 0' for j in ys)};")
             for t in p.terms:
                 tag = names.term[id(t)]
-                w(f"const T wm{tag} = active ? {names.w(t)} : T(0);")
-                for i in sorted({i for i, _, _, _ in t.nonzeros}):
-                    w(f"const T xw{tag}_{i} = wm{tag} * {names.x(t.x, i)};")
+                for c in channels:
+                    w(f"const T wm{tag}_{c} = active ? {names.w(t, c)} : T(0);")
                 pairs: dict[tuple[int, int], list] = {}
-                for i, j, k, c in t.nonzeros:
-                    pairs.setdefault((i, k), []).append((j, c))
-                for (i, k), js in pairs.items():
-                    w(f"const T p{tag}_{i}_{k} = xw{tag}_{i} * g{t.out.offset}_{k};")
-                    for j, c in js:
-                        y = int(t.y_positions[j])
-                        w(f"gy{y} = fma({_lit(c)}, p{tag}_{i}_{k}, gy{y});")
+                for i, j, k, coeff in t.nonzeros:
+                    pairs.setdefault((i, k), []).append((j, coeff))
+                for c in channels:
+                    for i in sorted({i for i, _ in pairs}):
+                        w(f"const T xw{tag}_{i}_{c} = wm{tag}_{c} * {names.x(t.x, i, c)};")
+                    for (i, k), js in pairs.items():
+                        w(f"const T p{tag}_{i}_{k}_{c} = xw{tag}_{i}_{c} * {names.g(t.out, k, c)};")
+                        for j, coeff in js:
+                            y = int(t.y_positions[j])
+                            w(f"gy{y} = fma({_lit(coeff)}, p{tag}_{i}_{k}_{c}, gy{y});")
             slot = f"{self.g.gy_offsets[q]} + (warp - {self.g.first_warp[q]}) * {len(ys)}"
             self.warp_sum([f"gy{j}" for j in ys], f"{gyrow} + {slot}")
 
@@ -442,10 +504,10 @@ class _Kernel:
             cond = f"warp < {self.g.first_warp[q] + p.warps}" if q < len(self.g.programs) - 1 else None
             with w.block(f"{head} ({cond})" if cond else ("else" if q else "")):
                 self.channel(q, p)
-                names = _Names(list(p.terms))
+                names = _Names(p)
                 if self.shared:
-                    for name, expr in self.w_loads(p, names, "w", stream=False):
-                        w(f"const T {name} = {expr};")
+                    for name, width, expr in self.w_loads(p, names, "w", stream=False):
+                        w(f"const {_vtype(width)} {name} = {expr};")
                 body(q, p, names)
 
     def _chunk_a(self):
@@ -464,7 +526,7 @@ class _Kernel:
 
         def body(q, p, names):
             def loads(sfx):
-                return self.x_loads(p, names, "xr" + sfx, True) + ([] if self.shared else self.w_loads(p, names, "wr" + sfx))
+                return self.x_loads(p, "xr" + sfx, True) + ([] if self.shared else self.w_loads(p, names, "wr" + sfx))
 
             def math():
                 self.declare_acc(p)
@@ -472,7 +534,7 @@ class _Kernel:
                 self.store_acc(p, "(out + (row0 + kk) * DOUT)")
 
             pointers = lambda k, sfx: [f"const T* xr{sfx} = x + (row0 + {k}) * D1;", f"const T* wr{sfx} = w + (row0 + {k}) * NW;"]  # noqa: E731
-            self.prefetched_loop("n", pointers, loads, math)
+            self.prefetched_loop(p, "n", pointers, loads, math)
 
         self._programs(body)
 
@@ -487,14 +549,14 @@ class _Kernel:
                 self._chunk_a()
 
                 def loads(sfx):
-                    return self.x_loads(p, names, "xr" + sfx, False) + ([] if self.shared else self.w_loads(p, names, "wr" + sfx))
+                    return self.x_loads(p, "xr" + sfx, False) + ([] if self.shared else self.w_loads(p, names, "wr" + sfx))
 
                 pointers = lambda k, sfx: [f"const T* xr{sfx} = x + (long long)s_node[{k}] * D1;", f"const T* wr{sfx} = w + (long long)s_edge[{k}] * NW;"]  # noqa: E731
                 def math():
                     self.l2_prefetch([] if self.shared else [("w", "order", "NW")])
                     self.forward_math(p, names, "(As + kk * NA)")
 
-                self.prefetched_loop("n", pointers, loads, math)
+                self.prefetched_loop(p, "n", pointers, loads, math)
                 w("__syncthreads();")
             self.store_acc(p, "(out + (long long)r * DOUT)")
 
@@ -503,23 +565,21 @@ class _Kernel:
     def _declare_gx(self, p):
         if self.needs_gx:
             for s in p.x_segments:
-                self.w(f"T {', '.join(f'gx{s.offset}_{i} = 0' for i in range(s.ir_dim))};")
+                self.w(f"T {', '.join(f'gx{s.offset}_{i}_{c} = 0' for i in range(s.ir_dim) for c in range(p.channels))};")
 
     def _declare_shared_gw(self, p, names):
         if self.needs_gw and self.shared:
-            self.w(f"T {', '.join(f'gw{names.term[id(t)]} = 0' for t in p.terms)};")
+            self.w(f"T {', '.join(f'gw{names.term[id(t)]}_{c} = 0' for t in p.terms for c in range(p.channels))};")
 
     def _store_gx(self, p, row):
         if self.needs_gx:
-            for s in p.x_segments:
-                _, stride = _base(s, "u")
-                for i in range(s.ir_dim):
-                    self.w(f"if (active) __stcs({row} + bx{s.offset} + {i * stride}, gx{s.offset}_{i});")
+            self.store_segments(p.x_segments, "bx", row, lambda s, i, c: f"gx{s.offset}_{i}_{c}", p.channels)
 
     def _store_shared_gw(self, p, names, row):
         if self.needs_gw and self.shared:
             for t in p.terms:
-                self.w(f"if (active) __stcs({row} + {t.weight_position('u')}, gw{names.term[id(t)]});")
+                tag = names.term[id(t)]
+                self.w(f"if (active) {_store(row, t.weight_position('u'), [f'gw{tag}_{c}' for c in range(p.channels)])}")
 
     def tp_backward(self):
         w = self.w
@@ -530,7 +590,7 @@ class _Kernel:
             self._declare_shared_gw(p, names)
 
             def loads(sfx):
-                out = self.x_loads(p, names, "xr" + sfx, True) + self.g_loads(p, "gr" + sfx, True)
+                out = self.x_loads(p, "xr" + sfx, True) + self.g_loads(p, "gr" + sfx, True)
                 return out + ([] if self.shared else self.w_loads(p, names, "wr" + sfx))
 
             def math():
@@ -542,7 +602,7 @@ class _Kernel:
                 f"const T* xr{sfx} = x + (row0 + {k}) * D1;", f"const T* wr{sfx} = w + (row0 + {k}) * NW;",
                 f"const T* gr{sfx} = gz + (row0 + {k}) * DOUT;",
             ]  # fmt: skip
-            self.prefetched_loop("n", pointers, loads, math)
+            self.prefetched_loop(p, "n", pointers, loads, math)
             self._store_shared_gw(p, names, "(gw + (long long)node * NW)")
 
         self._programs(body)
@@ -568,8 +628,8 @@ class _Kernel:
         def body(q, p, names):
             self._declare_gx(p)
             self._declare_shared_gw(p, names)
-            for name, expr in self.x_loads(p, names, "(x + (long long)s * D1)", False):
-                w(f"const T {name} = {expr};")
+            for name, width, expr in self.x_loads(p, "(x + (long long)s * D1)", False):
+                w(f"const {_vtype(width)} {name} = {expr};")
             with w.block("for (int base = start; base < end; base += K)"):
                 w("const int n = min(K, end - base);")
                 self._chunk_a()
@@ -582,7 +642,7 @@ class _Kernel:
                     self.l2_prefetch([("gz", "other", "DOUT")] + ([] if self.shared else [("w", "order", "NW")]))
                     self.backward_math(q, p, names, "(As + kk * NA)", "(gw + (long long)s_edge[kk] * NW)", "(gyp + kk * GY)")
 
-                self.prefetched_loop("n", pointers, loads, math)
+                self.prefetched_loop(p, "n", pointers, loads, math)
                 w("__syncthreads();")
                 if self.needs_gy:
                     self.gy_finalize("n", "s_edge[kk]")

@@ -46,6 +46,10 @@ class Config:
       many steps ahead (0: never).
     * ``block_warps``: warps per block; more programs are spread over several blocks per
       node (:func:`block_groups`).
+    * ``channels``: the most channels a lane computes (a power of two; at most 16 bytes of
+      them, one vector load or store per component). Each lane of a program takes
+      :func:`lane_channels` of them: the shared-memory reads of ``A``, the loads, stores and
+      the ``gy`` shuffles are paid once for them all, and their arithmetic is independent.
     """
 
     forward_registers: int = 96
@@ -55,6 +59,7 @@ class Config:
     min_warps: int = 16
     l2_prefetch: int = 4
     block_warps: int = 12
+    channels: int = 4
 
 
 DEFAULT = Config()
@@ -115,15 +120,19 @@ class Term:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Program:
-    """The terms a group of warps computes, one warp per 32 channels of the group's `mul`
-    (the warps run one copy of the code: the channel offset is the warp's place in the group)."""
+    """The terms a group of warps computes, `channels` consecutive channels per lane (a warp
+    per ``32 * channels`` channels of `mul`; the warps run one copy of the code: the channel
+    offset is the warp's place in the group). `prefetch`: the next edge's (row's) operands
+    are loaded into registers before this one's arithmetic."""
 
     mul: int
     terms: tuple[Term, ...]
+    channels: int = 1
+    prefetch: bool = True
 
     @property
     def warps(self) -> int:
-        return -(-self.mul // LANES)
+        return -(-self.mul // (LANES * self.channels))
 
     @property
     def x_segments(self) -> list[Segment]:
@@ -225,14 +234,32 @@ def _contiguous(items, cost, size, registers: int) -> list[list]:
     return [[item] for item in items]
 
 
-def forward_programs(desc, dtype, registers: int) -> list[Program]:
+def lane_channels(desc, group: list[Term], dtype, most: int) -> int:
+    """Channels per lane for a group's programs: the most (a power of two, at most `most` and
+    16 bytes) that fill whole warps and keep each lane's vectors aligned (the group's segment
+    and weight offsets and the rows' lengths are multiples of it, consecutive channels'
+    weights adjacent)."""
+    d1, _, dout = desc.dims
+    mul = group[0].x.mul
+    v = min(most, 16 // np.dtype(dtype).itemsize)
+    while v > 1:
+        offsets = [d1, dout, desc.weight_numel] + [o for t in group for o in (t.x.offset, t.out.offset, t.path.weight_offset)]
+        if mul % (LANES * v) == 0 and all(o % v == 0 for o in offsets) and all(t.path.mul_in2 == 1 for t in group):
+            return v
+        v //= 2
+    return 1
+
+
+def forward_programs(desc, dtype, registers: int, channels: int = 1) -> list[Program]:
     """Programs of a forward: per group, output segments in the order of their terms' ``x``
     segments, cut into the fewest balanced runs whose values per lane fit in `registers`
     32-bit registers: the sums, the ``x`` segments read (once each) and the weights (the
-    operands twice: the next edge's are loaded early)."""
+    operands twice: the next edge's are loaded early), for each of the lane's channels (at
+    most `channels`, :func:`lane_channels`)."""
     words = np.dtype(dtype).itemsize // 4
     programs = []
     for mul, group in _groups(desc).items():
+        v = lane_channels(desc, group, dtype, channels)
         order = {id(s): n for n, s in enumerate(_unique(t.x for t in group))}
         outs = sorted(_unique(t.out for t in group), key=lambda o: min(order[id(t.x)] for t in group if t.out is o))
         terms_of = {id(o): [t for t in group if t.out is o] for o in outs}
@@ -240,32 +267,46 @@ def forward_programs(desc, dtype, registers: int) -> list[Program]:
         def size(run):
             terms = [t for o in run for t in terms_of[id(o)]]
             xs = _unique(t.x for t in terms)
-            return (sum(o.ir_dim for o in run) + 2 * sum(s.ir_dim for s in xs) + 2 * len(terms)) * words
+            return (sum(o.ir_dim for o in run) + 2 * sum(s.ir_dim for s in xs) + 2 * len(terms)) * words * v
 
         cost = lambda o: sum(t.forward_cost for t in terms_of[id(o)])  # noqa: E731
         runs = _contiguous(outs, cost, size, registers)
-        programs += [Program(mul, tuple(t for o in run for t in terms_of[id(o)])) for run in runs]
+        programs += [Program(mul, tuple(t for o in run for t in terms_of[id(o)]), v) for run in runs]
     return programs
 
 
-def _held(group: list[Term], s: Segment) -> int:
-    """Values a backward lane holds per edge for ``x`` segment `s`: the segment and its ``gx``
-    sums, and the operands (twice, the next edge's loaded early): its terms' weights and
-    outputs' cotangents."""
+def _held(group: list[Term], s: Segment, channels: int = 1, prefetch: bool = True) -> int:
+    """Values a backward lane holds per edge for ``x`` segment `s`: per channel, the segment
+    and its ``gx`` sums, and the operands (twice where the next edge's are loaded early): its
+    terms' weights and outputs' cotangents."""
     terms = [t for t in group if t.x is s]
-    return 2 * s.ir_dim + 2 * sum(o.ir_dim for o in _unique(t.out for t in terms)) + 2 * len(terms)
+    operands = sum(o.ir_dim for o in _unique(t.out for t in terms)) + len(terms)
+    return channels * (2 * s.ir_dim + (2 if prefetch else 1) * operands)
 
 
-def backward_programs(desc, values: int) -> list[Program]:
+def backward_programs(desc, dtype, values: int, channels: int = 1) -> list[Program]:
     """Programs of a backward: per group, ``x`` segments binned (each program owns whole
     segments, so its ``gx`` needs no cross-warp sum) so that the values a lane holds per edge
-    (:func:`_held`) fit in `values`."""
+    (:func:`_held`) fit in `values`. Each segment takes the most channels per lane that fit
+    (at most `channels`, :func:`lane_channels`; a float64 lane of several counts registers),
+    with the next edge's operands loaded early where they fit too; segments alike in both are
+    binned together."""
+    words = np.dtype(dtype).itemsize // 4
     programs = []
     for mul, group in _groups(desc).items():
+        most = lane_channels(desc, group, dtype, channels)
         xs = _unique(t.x for t in group)
-        cost = {id(s): sum(t.backward_cost for t in group if t.x is s) for s in xs}
-        parts = _binned(xs, lambda s: cost[id(s)], lambda s: _held(group, s), values)
-        programs += [Program(mul, tuple(t for t in group if any(t.x is s for s in p))) for p in parts]
+        choices = [(v, pf) for v in (most >> n for n in range(most.bit_length())) for pf in (True, False)]
+        kinds: dict[tuple[int, bool], list[Segment]] = {}
+        # one channel per lane may hold its values in float64 too (measured); several count registers
+        size = lambda s, v, pf: _held(group, s, v, pf) * (words if v > 1 else 1)  # noqa: E731
+        for s in xs:
+            kind = next((c for c in choices if size(s, *c) <= values), (1, False))
+            kinds.setdefault(kind, []).append(s)
+        for (v, pf), segments in kinds.items():
+            cost = {id(s): sum(t.backward_cost for t in group if t.x is s) for s in segments}
+            parts = _binned(segments, lambda s: cost[id(s)], lambda s: size(s, v, pf), values)
+            programs += [Program(mul, tuple(t for t in group if any(t.x is s for s in p)), v, pf) for p in parts]
     return programs
 
 
@@ -277,7 +318,7 @@ def backward_footprint(desc) -> int:
 def block_groups(programs: list[Program], block_warps: int) -> list[list[Program]]:
     """`programs` spread over the fewest blocks of at most `block_warps` warps each (or one
     program per block), balanced by arithmetic."""
-    cost = {id(p): p.warps * sum(t.forward_cost + t.backward_cost for t in p.terms) for p in programs}
+    cost = {id(p): p.mul * sum(t.forward_cost + t.backward_cost for t in p.terms) for p in programs}
     parts = _binned(programs, lambda p: cost[id(p)], lambda p: p.warps, block_warps)
     order = {id(p): n for n, p in enumerate(programs)}
     return [sorted(part, key=lambda p: order[id(p)]) for part in parts]

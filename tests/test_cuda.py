@@ -26,6 +26,9 @@ PROBLEMS = {
     "l6": lambda: jequi.channelwise("2x6e", "0e+1o+6e", "0e+5o+6e"),
     "uvu-ir_mul": lambda: jequi.channelwise("3x0e+2x1o+5x2e", "0e+1o+2e", "0e+1o+2e+3o", layout="ir_mul"),
     "wide": lambda: jequi.channelwise("40x0e+33x1o", "0e+1o+2e", "0e+1o+2e"),  # a partial second warp
+    # 4, 2 and 1 channels per lane (float32; 2, 2, 1 in float64)
+    "vec": lambda: jequi.channelwise("128x0e+64x1o+32x2e", "0e+1o+2e", "0e+1o+2e+3o"),
+    "vec-ir_mul": lambda: jequi.channelwise("128x0e+64x1o+32x2e", "0e+1o+2e", "0e+1o+2e+3o", layout="ir_mul"),
 }
 if ON_GPU:
     for n in ("mace-large", "nequip-oam-main", "nequix-first"):
@@ -53,10 +56,10 @@ def test_schedule_reproduces_the_cg_blocks():
             for i, j, k, c in t.nonzeros:
                 dense[i, j, k] = c
             np.testing.assert_allclose(dense, t.cg, atol=1e-15)
-        for programs in (schedule.forward_programs(desc, np.float32, 8), schedule.backward_programs(desc, 16)):
+        for programs in (schedule.forward_programs(desc, np.float32, 8), schedule.backward_programs(desc, np.float32, 16)):
             assert sorted(id(t) for p in programs for t in p.terms) == sorted(id(t) for t in terms)
             assert all(t.x.mul == p.mul for p in programs for t in p.terms)
-        owners = [{s.offset for s in p.x_segments} for p in schedule.backward_programs(desc, 16)]
+        owners = [{s.offset for s in p.x_segments} for p in schedule.backward_programs(desc, np.float32, 16)]
         assert sum(map(len, owners)) == len(set().union(*owners))  # backward programs own whole x segments
 
 
@@ -66,6 +69,22 @@ def test_forward_programs_respect_the_register_budget():
         for budget in (16, 40, 64):
             for p in schedule.forward_programs(desc, dtype, budget):
                 assert sum(s.ir_dim for s in p.out_segments) * words <= budget
+
+
+def test_channels_per_lane():
+    """Lanes take as many channels as fill whole warps with aligned vectors (16 bytes at most),
+    and one where weights of consecutive channels are not adjacent."""
+    desc = PROBLEMS["vec"]().descriptor.trilinear
+    for dtype, expected in ((np.float32, {128: 4, 64: 2, 32: 1}), (np.float64, {128: 2, 64: 2, 32: 1})):
+        for programs in (schedule.forward_programs(desc, dtype, 1000, 4), schedule.backward_programs(desc, dtype, 1000, 4)):
+            assert {p.mul: p.channels for p in programs} == expected
+            assert all(p.warps * schedule.LANES * p.channels == p.mul for p in programs)
+    assert {p.channels for p in schedule.forward_programs(desc, np.float32, 1000, 1)} == {1}
+    in2 = jequi.TensorProduct("128x1o", "2x2e", "128x3o", [(0, 0, 0, "uvu", True)]).descriptor.trilinear
+    assert [p.channels for p in schedule.forward_programs(in2, np.float32, 1000, 4)] == [1]
+    # a backward lane's values (per channel) fit the budget, whatever it took to make them fit
+    for p in schedule.backward_programs(jequi.problems.get("mace-large").descriptor.trilinear, np.float32, 128, 4):
+        assert sum(schedule._held(list(p.terms), s, p.channels, p.prefetch) for s in p.x_segments) <= 128
 
 
 def test_unsupported_modes_are_reported():
@@ -84,6 +103,9 @@ COMPILE_CASES = [
     ("uvu+unweighted", np.float32, "tp_backward", (False, True, False), False),
     ("l6", np.float64, "tp_backward", (True, True, True), True),
     ("wide", np.float32, "conv_backward", (False, True, True), False),
+    ("vec", np.float32, "conv_backward", (True, True, True), False),
+    ("vec-ir_mul", np.float64, "conv_forward", (True, True, True), True),
+    ("vec-ir_mul", np.float32, "tp_backward", (False, True, True), True),
 ]
 
 
