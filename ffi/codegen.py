@@ -124,17 +124,17 @@ class _Names:
         for s in p.x_segments + p.out_segments:
             for n, (_, values) in enumerate(_vectors(s, self.v)):
                 for m, (i, c) in enumerate(values):
-                    self.place[s.offset, i, c] = (n, m)
+                    self.place[id(s), i, c] = (n, m)
 
     def _part(self, var: str, m: int) -> str:
         return var if self.v == 1 else f"{var}.{'xyzw'[m]}"
 
     def x(self, s: Segment, i: int, c: int) -> str:
-        n, m = self.place[s.offset, i, c]
+        n, m = self.place[id(s), i, c]
         return self._part(f"x{s.offset}_{n}", m)
 
     def g(self, s: Segment, k: int, c: int) -> str:
-        n, m = self.place[s.offset, k, c]
+        n, m = self.place[id(s), k, c]
         return self._part(f"g{s.offset}_{n}", m)
 
     def w(self, t: Term, c: int) -> str:

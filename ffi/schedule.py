@@ -287,24 +287,30 @@ def _held(group: list[Term], s: Segment, channels: int = 1, prefetch: bool = Tru
 def backward_programs(desc, dtype, values: int, channels: int = 1) -> list[Program]:
     """Programs of a backward: per group, ``x`` segments binned (each program owns whole
     segments, so its ``gx`` needs no cross-warp sum) so that the values a lane holds per edge
-    (:func:`_held`) fit in `values`. Each segment takes the most channels per lane that fit
-    (at most `channels`, :func:`lane_channels`; a float64 lane of several counts registers),
-    with the next edge's operands loaded early where they fit too; segments alike in both are
-    binned together."""
+    (:func:`_held`) fit in `values`. Each segment takes as many channels per lane as keep its
+    warps' work near the heaviest segment's on one channel and fit (at most `channels`,
+    :func:`lane_channels`; a float64 lane of several counts registers), with the next edge's
+    operands loaded early where they fit too; segments alike in both are binned together."""
     words = np.dtype(dtype).itemsize // 4
+    groups = _groups(desc)
+    cost = {id(t.x): sum(u.backward_cost for u in g if u.x is t.x) for g in groups.values() for t in g}
+    heaviest = max(cost.values(), default=1)
     programs = []
-    for mul, group in _groups(desc).items():
+    for mul, group in groups.items():
         most = lane_channels(desc, group, dtype, channels)
         xs = _unique(t.x for t in group)
-        choices = [(v, pf) for v in (most >> n for n in range(most.bit_length())) for pf in (True, False)]
         kinds: dict[tuple[int, bool], list[Segment]] = {}
         # one channel per lane may hold its values in float64 too (measured); several count registers
         size = lambda s, v, pf: _held(group, s, v, pf) * (words if v > 1 else 1)  # noqa: E731
         for s in xs:
+            # a warp's work per edge is its segments' cost times its channels per lane: lighter
+            # segments take more channels, the heaviest of all groups (the longest warp) takes one
+            fair = 1 << (max(1, round(heaviest / cost[id(s)])).bit_length() - 1)
+            v = min(most, fair)
+            choices = [(v >> n, pf) for n in range(v.bit_length()) for pf in (True, False)]
             kind = next((c for c in choices if size(s, *c) <= values), (1, False))
             kinds.setdefault(kind, []).append(s)
         for (v, pf), segments in kinds.items():
-            cost = {id(s): sum(t.backward_cost for t in group if t.x is s) for s in segments}
             parts = _binned(segments, lambda s: cost[id(s)], lambda s: size(s, v, pf), values)
             programs += [Program(mul, tuple(t for t in group if any(t.x is s for s in p)), v, pf) for p in parts]
     return programs
