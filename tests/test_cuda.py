@@ -78,9 +78,11 @@ def test_channels_per_lane():
     for dtype, expected in ((np.float32, {128: 4, 64: 2, 32: 1}), (np.float64, {128: 2, 64: 2, 32: 1})):
         forward = schedule.forward_programs(desc, dtype, 1000, 4)
         assert {p.mul: p.channels for p in forward} == expected
-        # the backward's heaviest segment (32x2e) keeps one, the lightest (128x0e) takes all it may
+        # the backward's heaviest segment (32x2e) keeps one, the lightest (128x0e) takes all a
+        # float32 lane may (float64 lanes keep one)
         backward = {p.mul: p.channels for p in schedule.backward_programs(desc, dtype, 1000, 4)}
-        assert backward[32] == 1 and backward[128] == expected[128] and backward[64] <= expected[64]
+        assert backward[32] == 1 and backward[64] <= expected[64]
+        assert backward[128] == (4 if dtype == np.float32 else 1)
         assert all(p.warps * schedule.LANES * p.channels == p.mul for p in forward)
     assert {p.channels for p in schedule.forward_programs(desc, np.float32, 1000, 1)} == {1}
     in2 = jequi.TensorProduct("128x1o", "2x2e", "128x3o", [(0, 0, 0, "uvu", True)]).descriptor.trilinear
