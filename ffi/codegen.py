@@ -12,7 +12,7 @@ Four kinds, each one ``extern "C" __global__`` function ``jequi_<kind>``:
 Per chunk of edges (rows; 32, or fewer where the tables would not fit :data:`SMEM_BUDGET`)
 every warp first builds ``A`` (:mod:`.schedule`) for some of the chunk's terms, one edge per
 lane, with the CG coefficients as literals; after a barrier each warp runs its
-:class:`~.schedule.Program` over the chunk's edges, one channel per lane, reading ``A`` from
+:class:`~.schedule.Program` over the chunk's edges, its channels per lane at once, reading ``A`` from
 shared memory by broadcast, with the next edge's operands loaded before this one's arithmetic
 and the weight rows a few edges ahead requested into L2. Data used once streams past the
 caches; the gathered rows keep L2. ``gy`` (a sum over channels) is reduced within a warp by a

@@ -13,7 +13,7 @@ from . import build, codegen, schedule
 
 DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 # Spill stores (bytes per thread) a kernel under the register cap of Config.min_warps may have
-# before it is rebuilt without the cap: a few words in L1 cost less than half the warps.
+# before it is rebuilt under a looser one: a few words in L1 cost less than half the warps.
 SPILL_BYTES = 64
 
 
@@ -48,8 +48,8 @@ def kernel(desc, dtype, kind: str, needs=(True, True, True), shared: bool = Fals
     key = (desc, dtype, kind, tuple(needs), bool(shared))
     if key not in generated:
         # the register cap of Config.min_warps, loosened until the kernel (nearly) stops spilling
-        floor = schedule.DEFAULT.min_warps
-        for warps in (floor, floor * 3 // 4, floor // 2, 0):
+        most = schedule.DEFAULT.min_warps
+        for warps in (most, most * 3 // 4, most // 2, 0):
             k = codegen.generate(desc, dtype, kind, needs, shared, dataclasses.replace(schedule.DEFAULT, min_warps=warps))
             if build.resources(build.cubin(k.source))["spill_stores"] <= SPILL_BYTES:
                 break

@@ -1,13 +1,14 @@
 """What each warp of a generated CUDA kernel computes, derived from the descriptor.
 
-The CUDA kernels run channelwise (``uvu``) products, one channel per lane. A ``uvu`` path
+The CUDA kernels run channelwise (``uvu``) products, a few adjacent channels per lane. A ``uvu`` path
 ``z[u, k] += sum_{v, i, j} w[u, v] cg[i, j, k] x[u, i] y[v, j]`` splits into :class:`Term`\\ s,
 one per ``v``: for a fixed ``y`` row the term's coefficients collapse into a small matrix
 ``A[i, k] = sum_j cg[i, j, k] y[v, j]`` (the same for every channel), and each lane then computes
 ``z[u, k] += w[u, v] * sum_i A[i, k] x[u, i]``. The kernels build ``A`` once per edge (or row)
 in shared memory, from the coefficients below as literals, and every lane reads it by broadcast.
 
-A :class:`Program` is a set of terms of one multiplicity, run by one warp per 32 channels. Forward programs own output segments (their sums stay in
+A :class:`Program` is a set of terms of one multiplicity, run by one warp per ``32 * channels``
+channels. Forward programs own output segments (their sums stay in
 registers); backward programs own ``x`` segments (their ``gx`` sums), so no two warps write the
 same element. :func:`forward_programs` and :func:`backward_programs` partition the terms, balanced
 by arithmetic and bounded by a register budget (:class:`Config`).
