@@ -12,7 +12,7 @@ import pytest
 from conftest import assert_close, check_batched
 
 import jequi
-from ffi import build, ops, schedule
+from ffi import build, codegen, ops, schedule
 
 ON_GPU = "cuda" in jequi.available_backends()
 gpu = pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU and nvcc (the cuda backend)")
@@ -85,6 +85,10 @@ def test_channels_per_lane():
         assert backward[128] == (4 if dtype == np.float32 else 1)
         assert all(p.warps * schedule.LANES * p.channels == p.mul for p in forward)
     assert {p.channels for p in schedule.forward_programs(desc, np.float32, 1000, 1)} == {1}
+    # the lanes of four channels move them as one float4 per component, in either layout
+    for name in ("vec", "vec-ir_mul"):
+        source = codegen.generate(PROBLEMS[name]().descriptor.trilinear, np.float32, "conv_forward").source
+        assert "reinterpret_cast<const T4*>" in source and "MAKE4(" in source
     in2 = jequi.TensorProduct("128x1o", "2x2e", "128x3o", [(0, 0, 0, "uvu", True)]).descriptor.trilinear
     assert [p.channels for p in schedule.forward_programs(in2, np.float32, 1000, 4)] == [1]
     # a backward lane's values (per channel) fit the budget, whatever it took to make them fit
