@@ -89,7 +89,7 @@ def _vtype(width: int) -> str:
 
 def _load(row: str, index: str, stream: bool, width: int = 1) -> str:
     """A load of `width` adjacent values (one vector load: the index is a multiple of it)."""
-    address = f"{row} + {index}" if width == 1 else f"reinterpret_cast<const T{width}*>({row} + {index})"
+    address = f"{row} + {index}" if width == 1 else f"reinterpret_cast<const {_vtype(width)}*>({row} + {index})"
     return f"__ldcs({address})" if stream else f"__ldg({address})"
 
 
@@ -97,7 +97,7 @@ def _store(row: str, index: str, values: list[str]) -> str:
     """A streaming store of adjacent `values` (one vector store)."""
     if len(values) == 1:
         return f"__stcs({row} + {index}, {values[0]});"
-    return f"__stcs(reinterpret_cast<T{len(values)}*>({row} + {index}), MAKE{len(values)}({', '.join(values)}));"
+    return f"__stcs(reinterpret_cast<{_vtype(len(values))}*>({row} + {index}), MAKE{len(values)}({', '.join(values)}));"
 
 
 def _base(s: Segment, u: str) -> str:
@@ -197,8 +197,8 @@ class _Kernel:
         d1, d2, dout = self.desc.dims
         w = self.w
         w(f"// jequi {self.kind}: {self.desc!r}, {self.dtype.name}, needs {self.needs_gx, self.needs_gy, self.needs_gw}, shared weights {self.shared}")
-        w(f"typedef {'float' if self.dtype == np.float32 else 'double'} T;")
         base = "float" if self.dtype == np.float32 else "double"
+        w(f"typedef {base} T;")
         for n in (2, 4) if self.dtype == np.float32 else (2,):
             w(f"typedef {base}{n} T{n};", f"#define MAKE{n} make_{base}{n}")
         w(f"typedef T{self.vector} TV;")

@@ -49,7 +49,7 @@ def kernel(desc, dtype, kind: str, needs=(True, True, True), shared: bool = Fals
     if key not in generated:
         # the register cap of Config.min_warps, loosened until the kernel (nearly) stops spilling
         most = schedule.DEFAULT.min_warps
-        for warps in (most, most * 3 // 4, most // 2, 0):
+        for warps in dict.fromkeys((most, most * 3 // 4, most // 2, 0)):
             k = codegen.generate(desc, dtype, kind, needs, shared, dataclasses.replace(schedule.DEFAULT, min_warps=warps))
             if build.resources(build.cubin(k.source))["spill_stores"] <= SPILL_BYTES:
                 break

@@ -242,13 +242,13 @@ def lane_channels(desc, group: list[Term], dtype, most: int) -> int:
     weights adjacent)."""
     d1, _, dout = desc.dims
     mul = group[0].x.mul
+    if any(t.path.mul_in2 > 1 for t in group):
+        return 1
+    offsets = [d1, dout, desc.weight_numel] + [o for t in group for o in (t.x.offset, t.out.offset, t.path.weight_offset)]
     v = min(most, 16 // np.dtype(dtype).itemsize)
-    while v > 1:
-        offsets = [d1, dout, desc.weight_numel] + [o for t in group for o in (t.x.offset, t.out.offset, t.path.weight_offset)]
-        if mul % (LANES * v) == 0 and all(o % v == 0 for o in offsets) and all(t.path.mul_in2 == 1 for t in group):
-            return v
+    while v > 1 and not (mul % (LANES * v) == 0 and all(o % v == 0 for o in offsets)):
         v //= 2
-    return 1
+    return v
 
 
 def forward_programs(desc, dtype, registers: int, channels: int = 1) -> list[Program]:
