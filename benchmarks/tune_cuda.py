@@ -5,7 +5,7 @@ schedule knobs (GPU run, device tool).
         [--layouts mul_ir,ir_mul] [--backends cuda,pallas] [--tp-batch 50000] [--dbl-batch 20000]
         [--forward-registers 64] [--batched-forward-registers 128] [--backward-values 128]
         [--prefetch 64,0] [--min-warps 16,0] [--l2-prefetch 4,0] [--block-warps 8] [--channels 1,4]
-        [--smem-budget 65536]
+        [--backward-warps 8] [--smem-budget 65536]
         [--no-conv] [--no-backward]
 
 Knobs: the fields of ``ffi.schedule.Config`` (comma lists are swept) and
@@ -27,7 +27,7 @@ from tune_conv import time_both, time_dbl
 import jequi
 from ffi import build, codegen, ops, schedule
 
-KNOBS = ("forward_registers", "batched_forward_registers", "backward_values", "prefetch", "min_warps", "l2_prefetch", "block_warps", "channels")
+KNOBS = tuple(f.name for f in dataclasses.fields(schedule.Config))
 
 
 def registers(desc, dtype) -> str:
