@@ -5,7 +5,7 @@ schedule knobs (GPU run, device tool).
         [--layouts mul_ir,ir_mul] [--backends cuda,pallas] [--tp-batch 50000] [--dbl-batch 20000]
         [--forward-registers 64] [--batched-forward-registers 128] [--backward-values 128]
         [--prefetch 64,0] [--min-warps 16,0] [--l2-prefetch 4,0] [--block-warps 8] [--channels 1,4]
-        [--backward-warps 8] [--smem-budget 65536]
+        [--smem-budget 65536]
         [--no-conv] [--no-backward]
 
 Knobs: the fields of ``ffi.schedule.Config`` (comma lists are swept) and

@@ -156,22 +156,9 @@ class _Group:
             self.gy_offsets.append(at)
             at += p.warps * len(p.y_positions) if gy else 0
         self.gy_stride = at
-        # A segment whose terms are split over programs: the first program stores its gx, after
-        # adding the others' partial sums, which they leave in shared memory (at the end of a
-        # conv backward, over the A table): per (program, segment) the offset of its partials.
-        self.owner: dict[int, int] = {}
-        self.partials: dict[tuple[int, int], int] = {}
-        at = 0
-        for q, p in enumerate(programs):
-            for s in p.x_segments:
-                if self.owner.setdefault(id(s), q) != q:
-                    self.partials[q, id(s)] = at
-                    at += p.warps * LANES * p.channels * s.ir_dim
-        self.partials_size = at
 
     def smem(self, chunk: int, itemsize: int) -> int:
-        tables = chunk * (self.layout.length * itemsize + self.gy_stride * itemsize + 2 * 4)
-        return max(tables, self.partials_size * itemsize)
+        return chunk * (self.layout.length * itemsize + self.gy_stride * itemsize + 2 * 4)
 
 
 class _Kernel:
@@ -190,8 +177,7 @@ class _Kernel:
         mul_ir = any(s.layout == "mul_ir" for s in (*desc.in1, *desc.out))
         channels = 1 if mul_ir and not self.conv else config.channels
         if self.backward:
-            # a batched backward stores gx per row: its segments are not split over programs
-            programs = schedule.backward_programs(desc, self.dtype, config.backward_values, channels, config.backward_warps, self.conv, config.backward_code)
+            programs = schedule.backward_programs(desc, self.dtype, config.backward_values, channels)
         else:
             regs = config.forward_registers if self.conv else config.batched_forward_registers
             programs = schedule.forward_programs(desc, self.dtype, regs, channels)
@@ -596,35 +582,9 @@ class _Kernel:
         if self.needs_gw and self.shared:
             self.w(f"T {', '.join(f'gw{names.term[id(t)]}_{c} = 0' for t in p.terms for c in range(p.channels))};")
 
-    def _store_gx(self, q, p, row):
+    def _store_gx(self, p, row):
         if self.needs_gx:
-            owned = [s for s in p.x_segments if self.g.owner[id(s)] == q]
-            self.store_segments(owned, "bx", row, lambda s, i, c: f"gx{s.offset}_{i}_{c}", p.channels)
-
-    def _gather_gx(self, q, p):
-        """Add the partial ``gx`` sums of the segments split over programs into their owners'
-        (every warp of the block passes the barrier; the A table is free after the edge loop)."""
-        if not (self.needs_gx and self.g.partials):
-            return
-        w = self.w
-        lanes = p.channels * LANES
-
-        def slot(offset, s, i, c):
-            return f"As[{offset} + (warp - {self.g.first_warp[q]}) * {lanes * s.ir_dim} + {(i * p.channels + c) * LANES} + lane]"
-
-        for s in p.x_segments:
-            if (q, id(s)) in self.g.partials:
-                for i in range(s.ir_dim):
-                    for c in range(p.channels):
-                        w(f"{slot(self.g.partials[q, id(s)], s, i, c)} = gx{s.offset}_{i}_{c};")
-        w("__syncthreads();")
-        for s in p.x_segments:
-            if self.g.owner[id(s)] == q:
-                for (q2, sid), offset in self.g.partials.items():
-                    if sid == id(s):
-                        for i in range(s.ir_dim):
-                            for c in range(p.channels):
-                                w(f"gx{s.offset}_{i}_{c} += {slot(offset, s, i, c)};")
+            self.store_segments(p.x_segments, "bx", row, lambda s, i, c: f"gx{s.offset}_{i}_{c}", p.channels)
 
     def _store_shared_gw(self, p, names, row):
         if self.needs_gw and self.shared:
@@ -647,7 +607,7 @@ class _Kernel:
             def math():
                 self._declare_gx(p)
                 self.backward_math(q, p, names, "(As + kk * NA)", "(gw + (row0 + kk) * NW)", "(gyp + kk * GY)")
-                self._store_gx(q, p, "(gx + (row0 + kk) * D1)")
+                self._store_gx(p, "(gx + (row0 + kk) * D1)")
 
             pointers = lambda k, sfx: [  # noqa: E731
                 f"const T* xr{sfx} = x + (row0 + {k}) * D1;", f"const T* wr{sfx} = w + (row0 + {k}) * NW;",
@@ -698,8 +658,7 @@ class _Kernel:
                 if self.needs_gy:
                     self.gy_finalize("n", "s_edge[kk]")
                     w("__syncthreads();")
-            self._gather_gx(q, p)
-            self._store_gx(q, p, "(gx + (long long)s * D1)")
+            self._store_gx(p, "(gx + (long long)s * D1)")
             self._store_shared_gw(p, names, "(gw + (long long)s * NW)")
 
         self._programs(body)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import itertools
 
 import numpy as np
 
@@ -52,22 +51,16 @@ class Config:
       them, one vector load or store per component). Each lane of a program takes
       :func:`lane_channels` of them: the shared-memory reads of ``A``, the loads, stores and
       the ``gy`` shuffles are paid once for them all, and their arithmetic is independent.
-    * ``backward_warps``: warps per block a conv backward aims for (:func:`backward_programs`).
-    * ``backward_code``: the most arithmetic per edge of all a backward's programs' lanes
-      together (:func:`backward_programs`; more code than the instruction cache holds stalls
-      every warp).
     """
 
     forward_registers: int = 128
     batched_forward_registers: int = 96
-    backward_values: int = 112
+    backward_values: int = 128
     prefetch: int = 64
     min_warps: int = 16
     l2_prefetch: int = 4
     block_warps: int = 12
     channels: int = 4
-    backward_warps: int = 7
-    backward_code: int = 1800
 
 
 DEFAULT = Config()
@@ -120,12 +113,10 @@ class Term:
     def forward_cost(self) -> int:
         return len(self.entries) + self.x.ir_dim
 
-    def backward_cost(self, channels: int = 1) -> float:
-        """Arithmetic per channel and edge of a lane of `channels` channels: a lane sums the
-        ``x * w * gz`` products of its channels per ``(i, k)`` before the CG coefficients
-        spread them into ``gy``, so those multiply-adds are shared by its channels."""
+    @property
+    def backward_cost(self) -> int:
         pairs = len({(i, k) for i, _, k, _ in self.nonzeros})
-        return 2 * len(self.entries) + 3 * self.x.ir_dim + pairs + len(self.nonzeros) / channels
+        return 2 * len(self.entries) + 3 * self.x.ir_dim + pairs + len(self.nonzeros)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -285,125 +276,45 @@ def forward_programs(desc, dtype, registers: int, channels: int = 1) -> list[Pro
     return programs
 
 
-def _held(terms: list[Term], s: Segment, channels: int = 1, prefetch: bool = True) -> int:
-    """Values a backward lane holds per edge for ``x`` segment `s` and those of `terms` that
-    read it: per channel, the segment and its ``gx`` sums, and the operands (twice where the
-    next edge's are loaded early): the terms' weights and outputs' cotangents."""
-    terms = [t for t in terms if t.x is s]
+def _held(group: list[Term], s: Segment, channels: int = 1, prefetch: bool = True) -> int:
+    """Values a backward lane holds per edge for ``x`` segment `s`: per channel, the segment
+    and its ``gx`` sums, and the operands (twice where the next edge's are loaded early): its
+    terms' weights and outputs' cotangents."""
+    terms = [t for t in group if t.x is s]
     operands = sum(o.ir_dim for o in _unique(t.out for t in terms)) + len(terms)
     return channels * (2 * s.ir_dim + (2 if prefetch else 1) * operands)
 
 
-def _program_held(terms: list[Term], channels: int, prefetch: bool) -> int:
-    return sum(_held(terms, s, channels, prefetch) for s in _unique(t.x for t in terms))
-
-
-@dataclasses.dataclass(frozen=True)
-class _Split:
-    """One way to run an ``x`` segment's terms in a backward: `parts` (one program each,
-    unless light parts share one), `channels` per lane."""
-
-    parts: tuple[tuple[Term, ...], ...]
-    channels: int
-    prefetch: bool
-    mul: int
-
-    def cost(self, part) -> float:
-        return self.channels * sum(t.backward_cost(self.channels) for t in part)
-
-    @property
-    def work(self) -> float:
-        """Arithmetic per edge of its busiest warp."""
-        return max(map(self.cost, self.parts))
-
-    @property
-    def warps(self) -> int:
-        return len(self.parts) * -(-self.mul // (LANES * self.channels))
-
-    @property
-    def total(self) -> float:
-        return self.mul * sum(t.backward_cost(self.channels) for p in self.parts for t in p)
-
-    @property
-    def code(self) -> float:
-        """Arithmetic per edge of one lane of each part: what the parts' unrolled code holds."""
-        return sum(map(self.cost, self.parts))
-
-
-def _splits(segment_terms: list[Term], most: int, values: int, split: bool) -> list[_Split]:
-    """The ways to run one segment's terms: each channels per lane up to `most`, into 1 to
-    (`split`: as many as its terms) parts balanced by arithmetic, with the next edge's
-    operands loaded early or not, whose lanes hold at most `values` values (or, where none
-    do, the fewest values it can)."""
-    out = []
-    mul = segment_terms[0].x.mul
-    for v in (1 << n for n in range(most.bit_length())):
-        cost = lambda t: t.backward_cost(v)  # noqa: E731
-        for k in range(1, (len(segment_terms) if split else 1) + 1):
-            parts = _partition(segment_terms, cost, lambda t: 0, k, 0)
-            for pf in (True, False):
-                if all(_program_held(p, v, pf) <= values for p in parts):
-                    out.append(_Split(tuple(map(tuple, parts)), v, pf, mul))
-                    break
-    if not out:  # nothing fits: the least a lane can hold
-        parts = [(t,) for t in segment_terms] if split else [tuple(segment_terms)]
-        out.append(_Split(tuple(parts), 1, False, mul))
-    return out
-
-
-def _pack(chosen: list[_Split], work: float, values: int) -> list[Program]:
-    """Programs of the chosen splits' parts, light parts alike in multiplicity, channels and
-    prefetch sharing a program where their arithmetic stays within `work` and their values
-    within `values` (first fit, heaviest first)."""
-    bins: list[tuple[_Split, list[Term], float]] = []
-    parts = sorted(((s, p) for s in chosen for p in s.parts), key=lambda sp: -sp[0].cost(sp[1]))
-    for s, part in parts:
-        for n, (b, terms, load) in enumerate(bins):
-            alike = (b.mul, b.channels, b.prefetch) == (s.mul, s.channels, s.prefetch)
-            if alike and load + s.cost(part) <= work and _program_held(terms + list(part), s.channels, s.prefetch) <= values:
-                bins[n] = (b, terms + list(part), load + s.cost(part))
-                break
-        else:
-            bins.append((s, list(part), s.cost(part)))
-    return [Program(s.mul, tuple(terms), s.channels, s.prefetch) for s, terms, _ in bins]
-
-
-def backward_programs(desc, dtype, values: int, channels: int = 1, warps: int = 8, split: bool = True,
-                      code: float = float("inf")) -> list[Program]:  # fmt: skip
-    """Programs of a backward, for a block of at most `warps` warps where possible.
-
-    Each ``x`` segment takes a channels per lane (at most `channels`, :func:`lane_channels`;
-    float64 lanes one) and, where `split`, its terms are cut into parts run by different
-    programs (each sums a partial ``gx``; the kernel adds them once per node, :mod:`.codegen`).
-    Lanes hold at most `values` values per edge (:func:`_held`), and the programs' unrolled
-    arithmetic per edge (each lane's channels, :attr:`_Split.code`) stays within `code` (or
-    takes one channel per lane): a block's warps run different programs, whose code must stay
-    in the instruction cache. Among these, the schedule with the least arithmetic on its
-    busiest warp that fits in `warps` warps (or the fewest warps) is taken; fewer warps, then
-    less arithmetic overall, break ties."""
+def backward_programs(desc, dtype, values: int, channels: int = 1) -> list[Program]:
+    """Programs of a backward: per group, ``x`` segments binned (each program owns whole
+    segments, so its ``gx`` needs no cross-warp sum) so that the values a lane holds per edge
+    (:func:`_held`) fit in `values`. Each segment takes as many channels per lane as keep its
+    warps' work near the heaviest segment's on one channel and fit (at most `channels`,
+    :func:`lane_channels`; float64 lanes one), with the next edge's
+    operands loaded early where they fit too; segments alike in both are binned together."""
     words = np.dtype(dtype).itemsize // 4
-    options = []
-    for mul, group in _groups(desc).items():
+    groups = _groups(desc)
+    cost = {id(t.x): sum(u.backward_cost for u in g if u.x is t.x) for g in groups.values() for t in g}
+    heaviest = max(cost.values(), default=1)
+    programs = []
+    for mul, group in groups.items():
         # float64 lanes keep one channel: MACE-large's backward took 5.85 ms on two, 5.43 on one (H200)
         most = lane_channels(desc, group, dtype, channels) if words == 1 else 1
-        options += [_splits([t for t in group if t.x is s], most, values, split) for s in _unique(t.x for t in group)]
-    best = None
-    for widths in itertools.product(*[sorted({o.channels for o in opts}) for opts in options]):
-        fixed = [[o for o in opts if o.channels == v] for opts, v in zip(options, widths)]
-        if sum(opts[0].code for opts in fixed) > code and any(v > 1 for v in widths):
-            continue
-        for work in sorted({o.work for opts in fixed for o in opts}):
-            if any(all(o.work > work for o in opts) for opts in fixed):
-                continue
-            chosen = [min((o for o in opts if o.work <= work), key=lambda o: (o.warps, o.total, not o.prefetch)) for opts in fixed]
-            programs = _pack(chosen, work, values)
-            used = sum(p.warps for p in programs)
-            rank = (max(used, warps), work, sum(o.total for o in chosen))
-            if best is None or rank < best[0]:
-                best = (rank, programs)
-            if used <= warps:
-                break
-    return best[1] if best else []
+        xs = _unique(t.x for t in group)
+        kinds: dict[tuple[int, bool], list[Segment]] = {}
+        size = functools.partial(_held, group)
+        for s in xs:
+            # a warp's work per edge is its segments' cost times its channels per lane: lighter
+            # segments take more channels, the heaviest of all groups (the longest warp) takes one
+            fair = 1 << (max(1, round(heaviest / cost[id(s)])).bit_length() - 1)
+            v = min(most, fair)
+            choices = [(v >> n, pf) for n in range(v.bit_length()) for pf in (True, False)]
+            kind = next((c for c in choices if size(s, *c) <= values), (1, False))
+            kinds.setdefault(kind, []).append(s)
+        for (v, pf), segments in kinds.items():
+            parts = _binned(segments, lambda s: cost[id(s)], lambda s: size(s, v, pf), values)
+            programs += [Program(mul, tuple(t for t in group if any(t.x is s for s in p)), v, pf) for p in parts]
+    return programs
 
 
 def backward_footprint(desc) -> int:
@@ -414,7 +325,7 @@ def backward_footprint(desc) -> int:
 def block_groups(programs: list[Program], block_warps: int) -> list[list[Program]]:
     """`programs` spread over the fewest blocks of at most `block_warps` warps each (or one
     program per block), balanced by arithmetic."""
-    cost = {id(p): p.mul * sum(t.forward_cost + t.backward_cost(p.channels) for t in p.terms) for p in programs}
+    cost = {id(p): p.mul * sum(t.forward_cost + t.backward_cost for t in p.terms) for p in programs}
     parts = _binned(programs, lambda p: cost[id(p)], lambda p: p.warps, block_warps)
     order = {id(p): n for n, p in enumerate(programs)}
     return [sorted(part, key=lambda p: order[id(p)]) for part in parts]
