@@ -17,6 +17,6 @@ for spec in "${specs[@]}"; do
     pp=$PYTHONPATH; [ "$v" = old ] && pp=$PWD/../ab_old:$PYTHONPATH
     # shellcheck disable=SC2086
     PYTHONPATH=$pp timeout "${AB_TIMEOUT:-120}" python3 tune_cuda.py $COMMON $spec 2>&1 \
-      | grep -E "^(mace|nequip|[a-z-]+ (mul_ir|ir_mul))|Error" | sed "s/^/$v /" | tee -a "$OUT/ab_cuda.log"
+      | grep -E "^[a-z0-9-]+ (mul_ir|ir_mul) |Error" | sed "s/^/$v /" | tee -a "$OUT/ab_cuda.log"
   done
 done

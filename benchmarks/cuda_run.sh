@@ -2,7 +2,7 @@
 # The CUDA backend on the GPU machine (device tool, .peers carried): a smoke call, its tests,
 # then tune_cuda.py. Usage there, from the repo root:  bash benchmarks/cuda_run.sh [tune_cuda args]
 # RUN_TESTS=0 / RUN_TUNE=0 skip a part; TESTS picks test files, TEST_K a -k expression;
-# TEST_TIMEOUT / TUNE_TIMEOUT (s).
+# TEST_TIMEOUT / TUNE_TIMEOUT (s). A/B against an older ffi/: benchmarks/ab_cuda.sh.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 [ -d /tmp/site/e3nn_jax ] || python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .peers/*.whl
@@ -19,12 +19,6 @@ PY
 if [ "${RUN_TESTS:-1}" = 1 ]; then
   timeout "${TEST_TIMEOUT:-400}" python3 -m pytest -q -rfE -p no:cacheprovider -n "${TEST_WORKERS:-8}" \
     ${TESTS:-tests/test_cuda.py} ${TEST_K:+-k "$TEST_K"} --durations=5 2>&1 | tee "$OUT/cuda_tests.log" | grep -vE "^PASSED" | tail -40
-fi
-# An older ffi/ to compare with in the same process run (ignored, never committed; carry it):
-#   mkdir -p ab_old && git archive REV ffi | tar x -C ab_old && echo /ab_old/ >> .git/info/exclude
-# OLD_ARGS: its tune_cuda.py arguments (knobs it knows).
-if [ -d ab_old/ffi ] && [ -n "${OLD_ARGS:-}" ]; then
-  (cd benchmarks && PYTHONPATH=$PWD/../ab_old:$PYTHONPATH timeout "${TUNE_TIMEOUT:-400}" python3 tune_cuda.py $OLD_ARGS 2>&1 | sed 's/^/old /' | tee "$OUT/tune_old.log")
 fi
 if [ "${RUN_TUNE:-1}" = 1 ]; then
   cd benchmarks && timeout "${TUNE_TIMEOUT:-400}" python3 tune_cuda.py "$@" 2>&1 | tee "$OUT/tune_cuda.log"

@@ -115,6 +115,8 @@ class Term:
 
     @property
     def backward_cost(self) -> int:
+        # per channel, as one channel per lane pays it; lanes of several channels share the
+        # coefficients into gy (codegen), but the measured schedules were chosen on this cost
         pairs = len({(i, k) for i, _, k, _ in self.nonzeros})
         return 2 * len(self.entries) + 3 * self.x.ir_dim + pairs + len(self.nonzeros)
 
