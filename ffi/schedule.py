@@ -43,8 +43,9 @@ class Config:
       they take at most this many 32-bit registers per lane (0: never).
     * ``min_warps``: warps per multiprocessor the compiler must leave registers for (whole
       blocks, ``__launch_bounds__``); a kernel that would spill more is rebuilt uncapped.
-    * ``l2_prefetch``: the convs ask L2 for the weight (and cotangent) rows of the edge this
-      many steps ahead (0: never).
+    * ``l2_prefetch``: the conv forward asks L2 for the weight row of the edge this many steps
+      ahead (0: never); ``backward_l2_prefetch`` the same for the conv backward (1: carbon
+      f32 fwd+bwd 3.266-3.284 ms, 2: 3.313-3.336, 4: 3.334-3.348; f64 6.47 / 6.50 / 6.64; H200).
     * ``block_warps``: warps per block; more programs are spread over several blocks per
       node (:func:`block_groups`).
     * ``channels``: the most channels a lane computes (a power of two; at most 16 bytes of
@@ -59,6 +60,7 @@ class Config:
     prefetch: int = 64
     min_warps: int = 16
     l2_prefetch: int = 4
+    backward_l2_prefetch: int = 1
     block_warps: int = 12
     channels: int = 4
 
