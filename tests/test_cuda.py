@@ -3,6 +3,7 @@ and every generated kernel compiles with nvcc (skipped without one). On a GPU: t
 against the pure-JAX reference, batched and as the conv, f32 and f64, every derivative order,
 edge cases of graphs, vmap, and bitwise determinism."""
 
+import dataclasses
 import functools
 import re
 
@@ -105,6 +106,21 @@ def test_lane_channels_share_the_gy_coefficients():
     kernel = codegen.generate(desc, np.float32, "conv_backward")
     assert max(p.channels for p in kernel.programs) > 1
     assert len(re.findall(r"gy\d+ = fma\(", kernel.source)) == sum(len(t.nonzeros) for t in schedule.terms(desc))
+
+
+def test_l2_prefetch_distances():
+    """The conv forward asks L2 for weight rows ``l2_prefetch`` edges ahead, the backward
+    ``backward_l2_prefetch`` ahead and never for the gathered cotangent rows (they mostly hit
+    L2 already); 0 asks for nothing."""
+    desc = PROBLEMS["uvu-ir_mul"]().descriptor.trilinear
+    config = dataclasses.replace(schedule.DEFAULT, l2_prefetch=3, backward_l2_prefetch=2)
+    forward = codegen.generate(desc, np.float32, "conv_forward", config=config).source
+    backward = codegen.generate(desc, np.float32, "conv_backward", config=config).source
+    assert "pk = base + kk + 3;" in forward and "prw" in forward
+    assert "pk = base + kk + 2;" in backward and "prw" in backward and "prgz" not in backward
+    none = dataclasses.replace(config, l2_prefetch=0, backward_l2_prefetch=0)
+    for kind in ("conv_forward", "conv_backward"):
+        assert "prefetch.global.L2" not in codegen.generate(desc, np.float32, kind, config=none).source
 
 
 def test_unsupported_modes_are_reported():
