@@ -5,8 +5,10 @@ receiver of the carbon lattice has the same degree, so each block has the same w
     python3 benchmarks/waves.py [--graph carbon] [--problem mace-large] [--layout ir_mul]
         [--backend cuda] [--dtype float32] [--fractions 0.7,0.75,...,1]
 
-Prints, per `k`, the blocks' waves (`k` over the resident blocks the kernel's registers and
-threads allow, with ``--slots``) and the ms per call and per receiver. Were the last partial
+Prints, per `k`, the blocks' waves (`k` over ``--slots``, the resident blocks the kernel's
+registers and threads allow: this counts one block per receiver, as MACE-large's forward has;
+a product whose programs spread over several blocks per node has that many times more) and
+the ms per call and per receiver. Were the last partial
 wave as long as a full one, the time per receiver would step with whole waves; were the
 kernel bound by throughput alone, it would stay flat.
 """
