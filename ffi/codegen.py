@@ -308,19 +308,18 @@ class _Kernel:
                     w(f"p{name} = {expr};")
             body()
 
-    def l2_prefetch(self, rows: list[tuple[str, str, str]], d: int):
-        """Ask L2 for the rows of the edge `d` steps ahead (0: none), the block's threads a
-        128-byte line each: ``(array, index array, row length)`` per row."""
-        if not d or not rows:
+    def l2_prefetch(self, d: int):
+        """Ask L2 for the weight row of the edge `d` steps ahead (0, or shared weights: none),
+        the block's threads a 128-byte line each."""
+        if not d or self.shared:
             return
         w = self.w
         with w.block(""):
             w(f"const int pk = base + kk + {d};")
             with w.block("if (pk < end)"):
-                for array, index, length in rows:
-                    w(f"const char* pr{array} = reinterpret_cast<const char*>({array} + (long long){index}[pk] * {length});")
-                    w(f"for (int l = threadIdx.x * 128; l < {length} * (int)sizeof(T); l += blockDim.x * 128) "
-                      f'asm volatile("prefetch.global.L2 [%0];" :: "l"(pr{array} + l));')
+                w("const char* prw = reinterpret_cast<const char*>(w + (long long)order[pk] * NW);")
+                w("for (int l = threadIdx.x * 128; l < NW * (int)sizeof(T); l += blockDim.x * 128) "
+                  'asm volatile("prefetch.global.L2 [%0];" :: "l"(prw + l));')
 
     # --- forward ---------------------------------------------------------------------------
     def forward_math(self, p: Program, names: _Names, arow: str):
@@ -563,7 +562,7 @@ class _Kernel:
 
                 pointers = lambda k, sfx: [f"const T* xr{sfx} = x + (long long)s_node[{k}] * D1;", f"const T* wr{sfx} = w + (long long)s_edge[{k}] * NW;"]  # noqa: E731
                 def math():
-                    self.l2_prefetch([] if self.shared else [("w", "order", "NW")], self.config.l2_prefetch)
+                    self.l2_prefetch(self.config.l2_prefetch)
                     self.forward_math(p, names, "(As + kk * NA)")
 
                 self.prefetched_loop(p, "n", pointers, loads, math)
@@ -652,7 +651,7 @@ class _Kernel:
                     # the gathered cotangent rows mostly hit L2 already: asking for them ahead
                     # measured no faster (carbon f32 fwd+bwd 3.392 / 3.339 ms without, 3.406 /
                     # 3.385 with, H200) and doubles the L2 requests of the largest stream
-                    self.l2_prefetch([] if self.shared else [("w", "order", "NW")], self.config.backward_l2_prefetch)
+                    self.l2_prefetch(self.config.backward_l2_prefetch)
                     self.backward_math(q, p, names, "(As + kk * NA)", "(gw + (long long)s_edge[kk] * NW)", "(gyp + kk * GY)")
 
                 self.prefetched_loop(p, "n", pointers, loads, math)
