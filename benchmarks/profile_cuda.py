@@ -17,7 +17,7 @@ import structures
 from timing import timed
 
 import jequi
-from ffi import build, ops
+from ffi import build, ops, schedule
 
 NEEDS = {"all": (True, True, True), "gx,gw": (True, False, True), "gy": (False, True, False), "gx": (True, False, False)}
 
@@ -58,7 +58,7 @@ def main():
         ms, first = timed(jax.jit(fn), args, a.repeat, a.calls)
         kind = name.split("[")[0]
         needs = NEEDS[name[len(kind) + 1 : -1]] if "[" in name else (True, True, True)
-        kernel = ops.kernel(desc, jax.numpy.dtype(a.dtype), kind, needs)
+        kernel = ops.kernel(desc, jax.numpy.dtype(a.dtype), kind, schedule.Sums.gradients(needs))
         usage = build.resources(build.cubin(kernel.source))
         print(f"  {name:24s} {ms:8.3f} ms  first call {first:5.1f} s  {usage['registers']} regs x {kernel.threads} threads, "
               f"smem {kernel.smem} B, chunk {kernel.chunk}", flush=True)

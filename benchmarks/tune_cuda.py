@@ -5,13 +5,15 @@ schedule knobs (GPU run, device tool).
         [--layouts mul_ir,ir_mul] [--backends cuda,pallas] [--tp-batch 50000] [--dbl-batch 20000]
         [--forward-registers 64] [--batched-forward-registers 128] [--backward-values 128]
         [--prefetch 64,0] [--min-warps 16,0] [--l2-prefetch 4,0] [--block-warps 8] [--channels 1,4]
-        [--smem-budget 65536]
+        [--smem-budget 65536] [--spill-bytes 64,128] [--second fused,composed]
         [--no-conv] [--no-backward]
 
-Knobs: the fields of ``ffi.schedule.Config`` (comma lists are swept) and
-``ffi.codegen.SMEM_BUDGET``. Prints, per product and setting, the conv's fwd and fwd+bwd ms
+Knobs: the fields of ``ffi.schedule.Config`` (comma lists are swept),
+``ffi.codegen.SMEM_BUDGET`` and ``ffi.ops.SPILL_BYTES``. Prints, per product and setting, the conv's fwd and fwd+bwd ms
 (tune_conv.py's timings), the batched product's with ``--tp-batch``, its double backward with
-``--dbl-batch``, and the registers of each generated kernel.
+``--dbl-batch`` (``--second composed``: the cuda backend's double backward composed from
+forward and backward calls instead of its fused kernels), and the registers of each
+generated kernel.
 """
 
 from __future__ import annotations
@@ -33,10 +35,11 @@ KNOBS = tuple(f.name for f in dataclasses.fields(schedule.Config))
 def registers(desc, dtype) -> str:
     """Registers per thread and threads per block of the kernels generated for `desc`."""
     out = []
-    for (d, dt, kind, needs, shared), kernel in ops.generated.items():
+    for (d, dt, kind, sums, shared), kernel in ops.generated.items():
         if d == desc and dt == dtype:
             usage = build.resources(build.cubin(kernel.source))
-            out.append(f"{kind}{'' if all(needs) else list(needs)}: {usage['registers']} x {kernel.threads}")
+            full = sums == schedule.Sums().of_kind(kind.endswith("backward"))
+            out.append(f"{kind}{'' if full else f'[{sums}]'}: {usage['registers']} x {kernel.threads}")
     return ", ".join(out)
 
 
@@ -52,6 +55,8 @@ def main():
     ap.add_argument("--conv", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--backward", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--smem-budget", default=str(codegen.SMEM_BUDGET))
+    ap.add_argument("--spill-bytes", default=str(ops.SPILL_BYTES))
+    ap.add_argument("--second", default="fused", help="comma list: fused, composed (the cuda double backward)")
     for k in KNOBS:
         ap.add_argument("--" + k.replace("_", "-"), default=str(getattr(schedule.DEFAULT, k)))
     a = ap.parse_args()
@@ -66,11 +71,18 @@ def main():
         shapes = [(n, d1), (e, d2), (e, tp.weight_numel), (n, do), (b, d1), (b, d2), (b, tp.weight_numel), (b, do)]
         keys = jax.random.split(jax.random.key(0), len(shapes))
         x, y, w, g, bx, by, bw, bg = (jax.random.normal(k, s, a.dtype) for k, s in zip(keys, shapes))
-        sweeps = [a.smem_budget.split(",")] + [getattr(a, k).split(",") for k in KNOBS]
+        sweeps = [a.second.split(","), a.spill_bytes.split(","), a.smem_budget.split(",")] + [getattr(a, k).split(",") for k in KNOBS]
+        fused = jequi.backends.BACKENDS["cuda"]
         for backend in a.backends.split(","):
-            for smem, *values in itertools.product(*sweeps) if backend == "cuda" else [(None,)]:
+            for second, spill, smem, *values in itertools.product(*sweeps) if backend == "cuda" else [(None, None, None)]:
                 label = backend
                 if backend == "cuda":
+                    composed = dataclasses.replace(fused, second=None, conv_second=None)
+                    jequi.backends.BACKENDS["cuda"] = composed if second == "composed" else fused
+                    jequi.tensor_product._tp_op.cache_clear()
+                    jequi.tensor_product._conv_op.cache_clear()
+                    label += f" {second} spill={spill}"
+                    ops.SPILL_BYTES = int(spill)
                     codegen.SMEM_BUDGET = int(smem)
                     schedule.DEFAULT = dataclasses.replace(schedule.DEFAULT, **{k: int(v) for k, v in zip(KNOBS, values)})
                     ops.clear()

@@ -5,6 +5,20 @@ Backend ``"cuda"`` (``jequi/backends/cuda.py``) calls :mod:`.ops`.
 """
 
 from . import schedule
-from .ops import available, backward, conv_backward, conv_forward, forward, unsupported_reason
+from .ops import (
+    available,
+    backward,
+    backward_sum,
+    conv_backward,
+    conv_backward_sum,
+    conv_forward,
+    conv_forward_sum,
+    forward,
+    forward_sum,
+    unsupported_reason,
+)
 
-__all__ = ["schedule", "available", "backward", "conv_backward", "conv_forward", "forward", "unsupported_reason"]
+__all__ = [
+    "schedule", "available", "backward", "backward_sum", "conv_backward", "conv_backward_sum", "conv_forward",
+    "conv_forward_sum", "forward", "forward_sum", "unsupported_reason",
+]  # fmt: skip

@@ -31,14 +31,21 @@ import numpy as np
 
 from jequi.descriptor import Segment
 
+from jequi.autodiff import GGW, GGX, GGY, GZ, W, X, Y
+
 from . import schedule
-from .schedule import LANES, Program, Term
+from .schedule import LANES, Program, Sums, Term
 
 # Dynamic shared memory a block may take: the largest chunk (32, 16 or 8 edges, one per lane
 # while A is built) whose A table and gy partials fit in it.
 SMEM_BUDGET = 64 * 1024
 MAX_THREADS = 1024
 KINDS = ("tp_forward", "tp_backward", "conv_forward", "conv_backward")
+# C names by operand position (jequi.autodiff's (x, y, w, gz, ggx, ggy, ggw)): the kernel
+# parameter, the prefix of a lane's loaded values, and (y-like operands) the A table's.
+PARAM = {X: "x", Y: "y", W: "w", GZ: "gz", GGX: "ggx", GGY: "ggy", GGW: "ggw"}
+VALUE = {X: "x", W: "w", GZ: "g", GGX: "q", GGW: "h"}
+TABLE = {Y: "a", GGY: "b"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +60,7 @@ class Kernel:
     chunk: int  # edges (rows) per chunk; a batched kernel's block owns one chunk of rows
     groups: int  # blocks per node (row chunk): blockIdx.x = node * groups + group
     programs: tuple[Program, ...]
+    arrays: tuple[int, ...]  # the operand positions it takes, in parameter order (Sums.arrays)
 
     @property
     def entry(self) -> str:
@@ -100,6 +108,25 @@ def _store(row: str, index: str, values: list[str]) -> str:
     return f"__stcs(reinterpret_cast<{_vtype(len(values))}*>({row} + {index}), MAKE{len(values)}({', '.join(values)}));"
 
 
+def _table(pos: int) -> str:
+    """C name of the shared-memory ``A`` table of ``y``-like operand `pos`."""
+    return f"{TABLE[pos].upper()}s"
+
+
+def _sum(products) -> str:
+    """C expression of the sum of `products` (pairs of C names), as fused multiply-adds."""
+    expr = None
+    for a, b in products:
+        expr = f"fma({a}, {b}, {expr})" if expr else f"{a} * {b}"
+    return expr
+
+
+def _suffix(pos: int) -> str:
+    """Suffix of the C names derived from operand `pos`: none for the product's own operands
+    (y, w), the cotangent's letter for a substituted one."""
+    return "" if pos in (X, Y, W) else VALUE.get(pos, TABLE.get(pos))
+
+
 def _base(s: Segment, u: str) -> str:
     """C expression of channel `u`'s first element of segment `s`."""
     return f"{s.offset} + {u} * {s.ir_dim}" if s.layout == "mul_ir" else f"{s.offset} + {u}"
@@ -129,16 +156,17 @@ class _Names:
     def _part(self, var: str, m: int) -> str:
         return var if self.v == 1 else f"{var}.{'xyzw'[m]}"
 
-    def x(self, s: Segment, i: int, c: int) -> str:
+    def x(self, s: Segment, i: int, c: int, pos: int = X) -> str:
+        """Value of component `i` of channel `c` of the ``x``-like operand at `pos`."""
         n, m = self.place[id(s), i, c]
-        return self._part(f"x{s.offset}_{n}", m)
+        return self._part(f"{VALUE[pos]}{s.offset}_{n}", m)
 
     def g(self, s: Segment, k: int, c: int) -> str:
         n, m = self.place[id(s), k, c]
         return self._part(f"g{s.offset}_{n}", m)
 
-    def w(self, t: Term, c: int) -> str:
-        return self._part(f"w{self.term[id(t)]}", c)
+    def w(self, t: Term, c: int, pos: int = W) -> str:
+        return self._part(f"{VALUE[pos]}{self.term[id(t)]}", c)
 
 
 class _Group:
@@ -146,7 +174,7 @@ class _Group:
     per node, :attr:`Config.block_warps` warps at most), with its ``A`` table and its slots
     for ``gy`` partials (a row of ``gy_stride`` per edge: per program, warp and y position)."""
 
-    def __init__(self, programs: list[Program], vector: int, gy: bool):
+    def __init__(self, programs: list[Program], vector: int, gy: bool, tables: int):
         self.programs = programs
         self.first_warp = [int(v) for v in np.cumsum([0] + [p.warps for p in programs[:-1]])]
         self.warps = sum(p.warps for p in programs)
@@ -156,33 +184,36 @@ class _Group:
             self.gy_offsets.append(at)
             at += p.warps * len(p.y_positions) if gy else 0
         self.gy_stride = at
+        self.tables = tables
 
     def smem(self, chunk: int, itemsize: int) -> int:
-        return chunk * (self.layout.length * itemsize + self.gy_stride * itemsize + 2 * 4)
+        return chunk * (self.tables * self.layout.length * itemsize + self.gy_stride * itemsize + 2 * 4)
 
 
 class _Kernel:
     """Emits one kernel's source."""
 
-    def __init__(self, desc, dtype, kind: str, needs, shared: bool, config: schedule.Config):
+    def __init__(self, desc, dtype, kind: str, sums: Sums, shared: bool, config: schedule.Config):
         assert kind in KINDS, kind
         self.desc, self.kind, self.shared = desc, kind, shared
         self.dtype = np.dtype(dtype)
-        self.needs_gx, self.needs_gy, self.needs_gw = needs
         self.backward = kind.endswith("backward")
         self.conv = kind.startswith("conv")
+        self.sums = sums.of_kind(self.backward)
+        self.needs_gx, self.needs_gy, self.needs_gw = self.sums.needs
+        self.tables = self.sums.y_likes
         # A batched product in mul_ir keeps one channel per lane: its forward measured 1.80 ms on
         # four (MACE-large, float32, H200) against 1.12 on one, likely its rows streamed past L1
         # (.cs) while a lane's adjacent values arrive over several vector loads.
         mul_ir = any(s.layout == "mul_ir" for s in (*desc.in1, *desc.out))
         channels = 1 if mul_ir and not self.conv else config.channels
         if self.backward:
-            programs = schedule.backward_programs(desc, self.dtype, config.backward_values, channels)
+            programs = schedule.backward_programs(desc, self.dtype, config.backward_values, channels, self.sums)
         else:
             regs = config.forward_registers if self.conv else config.batched_forward_registers
-            programs = schedule.forward_programs(desc, self.dtype, regs, channels)
+            programs = schedule.forward_programs(desc, self.dtype, regs, channels, self.sums)
         self.vector = 16 // self.dtype.itemsize
-        self.groups = [_Group(ps, self.vector, self.backward and self.needs_gy)
+        self.groups = [_Group(ps, self.vector, self.backward and self.needs_gy, len(self.tables))
                        for ps in schedule.block_groups(programs, config.block_warps)]  # fmt: skip
         self.warps = max(g.warps for g in self.groups)
         size = lambda chunk: max(g.smem(chunk, self.dtype.itemsize) for g in self.groups)  # noqa: E731
@@ -196,7 +227,7 @@ class _Kernel:
     def header(self):
         d1, d2, dout = self.desc.dims
         w = self.w
-        w(f"// jequi {self.kind}: {self.desc!r}, {self.dtype.name}, needs {self.needs_gx, self.needs_gy, self.needs_gw}, shared weights {self.shared}")
+        w(f"// jequi {self.kind}: {self.desc!r}, {self.dtype.name}, {self.sums}, shared weights {self.shared}")
         base = "float" if self.dtype == np.float32 else "double"
         w(f"typedef {base} T;")
         for n in (2, 4) if self.dtype == np.float32 else (2,):
@@ -251,16 +282,35 @@ class _Kernel:
         return [(f"{prefix}{s.offset}_{n}", v, _load(row, f"{base}{s.offset} + {offset}", stream, v))
                 for s in segments for n, (offset, _) in enumerate(_vectors(s, v))]  # fmt: skip
 
-    def x_loads(self, p: Program, row: str, stream: bool):
-        return self._segment_loads("x", "bx", p.x_segments, p.channels, row, stream)
+    def x_loads(self, p: Program, row, stream: bool, positions):
+        """Loads of the ``x``-like operands at `positions` (``row(pos)``: C pointer of the row)."""
+        return [load for pos in positions
+                for load in self._segment_loads(VALUE[pos], "bx", p.x_segments, p.channels, row(pos), stream)]  # fmt: skip
 
     def g_loads(self, p: Program, row: str, stream: bool):
         return self._segment_loads("g", "bo", p.out_segments, p.channels, row, stream)
 
     @staticmethod
-    def w_loads(p: Program, names: _Names, row: str, stream: bool = True):
+    def w_loads(p: Program, names: _Names, row, positions, stream: bool = True):
         # lane_channels keeps a lane's channels' weights adjacent (one vector) where it has several
-        return [(f"w{names.term[id(t)]}", p.channels, _load(row, t.weight_position("u"), stream, p.channels)) for t in p.terms]
+        return [(f"{VALUE[pos]}{names.term[id(t)]}", p.channels, _load(row(pos), t.weight_position("u"), stream, p.channels))
+                for pos in positions for t in p.terms]  # fmt: skip
+
+    def operand_loads(self, p: Program, names: _Names, sfx: str, stream: bool, xs=True, gz=False):
+        """Loads of an edge's (row's) operands from the row pointers of :meth:`operand_rows`
+        (named with suffix `sfx`): its ``x``-like rows where `xs`, ``gz``'s where `gz` (these
+        streamed where `stream`), and the ``w``-like rows unless the weights are shared."""
+        out = self.x_loads(p, lambda pos: f"{VALUE[pos]}r{sfx}", stream, self.sums.x_likes) if xs else []
+        out += self.g_loads(p, f"gr{sfx}", stream) if gz else []
+        return out + ([] if self.shared else self.w_loads(p, names, lambda pos: f"{VALUE[pos]}r{sfx}", self.sums.w_likes))
+
+    def operand_rows(self, sfx: str, x_row: str | None, w_row: str, g_row: str | None = None) -> list[str]:
+        """C lines declaring the row pointers :meth:`operand_loads` reads: the ``x``-like rows
+        at element `x_row` (None: none), the ``w``-like at `w_row`, ``gz``'s at `g_row`."""
+        lines = [f"const T* {VALUE[pos]}r{sfx} = {PARAM[pos]} + {x_row} * D1;" for pos in self.sums.x_likes] if x_row else []
+        if g_row:
+            lines.append(f"const T* gr{sfx} = gz + {g_row} * DOUT;")
+        return lines + [f"const T* {VALUE[pos]}r{sfx} = {PARAM[pos]} + {w_row} * NW;" for pos in self.sums.w_likes]
 
     def store_segments(self, segments, base: str, row: str, value, v: int):
         """Store `value(segment, component, channel)` (a C name) of each of the lane's channels
@@ -269,14 +319,15 @@ class _Kernel:
             for offset, values in _vectors(s, v):
                 self.w(f"if (active) {_store(row, f'{base}{s.offset} + {offset}', [value(s, i, c) for i, c in values])}")
 
-    def load_a(self, t: Term, names: _Names, row: str) -> list[str]:
-        """Vector loads of term `t`'s ``A`` entries; returns the C name of each entry."""
+    def load_a(self, t: Term, names: _Names, pos: int) -> list[str]:
+        """Vector loads of term `t`'s entries of the ``A`` table of operand `pos` (the current
+        edge's row); returns the C name of each entry."""
         base, n = self.g.layout.slots[id(t)], len(t.entries)
         tag = names.term[id(t)]
         out = []
         for q in range(-(-n // self.vector)):
-            self.w(f"const TV a{tag}_{q} = *reinterpret_cast<const TV*>({row} + {base + q * self.vector});")
-            out += [f"a{tag}_{q}.{c}" for c in "xyzw"[: self.vector]]
+            self.w(f"const TV {TABLE[pos]}{tag}_{q} = *reinterpret_cast<const TV*>(({_table(pos)} + kk * NA) + {base + q * self.vector});")
+            out += [f"{TABLE[pos]}{tag}_{q}.{c}" for c in "xyzw"[: self.vector]]
         return out[:n]
 
     def prefetched_loop(self, p: Program, n: str, pointers, loads, body):
@@ -309,7 +360,7 @@ class _Kernel:
             body()
 
     def l2_prefetch(self, d: int):
-        """Ask L2 for the weight row of the edge `d` steps ahead (0, or shared weights: none),
+        """Ask L2 for the weight rows of the edge `d` steps ahead (0, or shared weights: none),
         the block's threads a 128-byte line each."""
         if not d or self.shared:
             return
@@ -317,26 +368,33 @@ class _Kernel:
         with w.block(""):
             w(f"const int pk = base + kk + {d};")
             with w.block("if (pk < end)"):
-                w("const char* prw = reinterpret_cast<const char*>(w + (long long)order[pk] * NW);")
-                w("for (int l = threadIdx.x * 128; l < NW * (int)sizeof(T); l += blockDim.x * 128) "
-                  'asm volatile("prefetch.global.L2 [%0];" :: "l"(prw + l));')
+                for pos in self.sums.w_likes:
+                    pr = f"pr{VALUE[pos]}"
+                    w(f"const char* {pr} = reinterpret_cast<const char*>({PARAM[pos]} + (long long)order[pk] * NW);")
+                    w("for (int l = threadIdx.x * 128; l < NW * (int)sizeof(T); l += blockDim.x * 128) "
+                      f'asm volatile("prefetch.global.L2 [%0];" :: "l"({pr} + l));')
 
     # --- forward ---------------------------------------------------------------------------
-    def forward_math(self, p: Program, names: _Names, arow: str):
+    def forward_math(self, p: Program, names: _Names):
         """One edge's (row's) multiply-adds into the ``acc`` sums (of each of the lane's
-        channels: one read of ``A`` serves them all)."""
+        channels: one read of ``A`` serves them all). Per ``A`` table, the triples reading
+        it first sum their ``w * x`` products."""
         w = self.w
-        for t in p.terms:
-            tag = names.term[id(t)]
-            for i in sorted({i for i, _ in t.entries}):
-                for c in range(p.channels):
-                    w(f"const T wx{tag}_{i}_{c} = {names.w(t, c)} * {names.x(t.x, i, c)};")
-        for t in p.terms:
-            tag = names.term[id(t)]
-            for (i, k), a in zip(t.entries, self.load_a(t, names, arow)):
-                for c in range(p.channels):
-                    acc = f"acc{t.out.offset}_{k}_{c}"
-                    w(f"{acc} = fma({a}, wx{tag}_{i}_{c}, {acc});")
+        for b in self.tables:
+            pairs = [(a, c) for a, table, c in self.sums.out if table == b]
+            for t in p.terms:
+                tag = names.term[id(t)]
+                for i in sorted({i for i, _ in t.entries}):
+                    for c in range(p.channels):
+                        products = [(names.w(t, c, wp), names.x(t.x, i, c, xp)) for xp, wp in pairs]
+                        w(f"const T wx{_suffix(b)}{tag}_{i}_{c} = {_sum(products)};")
+        for b in self.tables:
+            for t in p.terms:
+                tag = names.term[id(t)]
+                for (i, k), a in zip(t.entries, self.load_a(t, names, b)):
+                    for c in range(p.channels):
+                        acc = f"acc{t.out.offset}_{k}_{c}"
+                        w(f"{acc} = fma({a}, wx{_suffix(b)}{tag}_{i}_{c}, {acc});")
 
     def declare_acc(self, p: Program):
         for s in p.out_segments:
@@ -346,48 +404,54 @@ class _Kernel:
         self.store_segments(p.out_segments, "bo", row, lambda s, k, c: f"acc{s.offset}_{k}_{c}", p.channels)
 
     # --- backward --------------------------------------------------------------------------
-    def backward_math(self, q: int, p: Program, names: _Names, arow: str, gwrow: str, gyrow: str):
+    def backward_math(self, q: int, p: Program, names: _Names, gwrow: str, gyrow: str):
         """One edge's (row's) gradients: ``gw`` stored (or summed, shared weights), ``gx``
-        added to the ``gx`` sums, ``gy``'s warp sums written to shared memory row `gyrow`."""
+        added to the ``gx`` sums, ``gy``'s warp sums written to shared memory row `gyrow`.
+        Each sum runs over its pairs of :class:`~.schedule.Sums`: per ``A`` table ``b``,
+        ``v_b[i] = sum_k A_b[i, k] gz[k]``; ``gx[i] += c v_b[i]`` over the ``(b, c)`` of
+        ``dx``; ``gw = sum_i a[i] v_b[i]`` over the ``(a, b)`` of ``dw``; ``gy`` from the
+        coefficients and ``sum c a`` over the ``(a, c)`` of ``dy``."""
         w = self.w
         channels = range(p.channels)
+        sums = self.sums
         if self.needs_gx or self.needs_gw:
             for t in p.terms:
                 tag = names.term[id(t)]
-                v = {}
-                for (i, k), a in zip(t.entries, self.load_a(t, names, arow)):
-                    for c in channels:
-                        g = names.g(t.out, k, c)
-                        v[i, c] = f"fma({a}, {g}, {v[i, c]})" if (i, c) in v else f"{a} * {g}"
-                for (i, c), expr in v.items():
-                    w(f"const T v{tag}_{i}_{c} = {expr};")
-                rows = sorted({i for i, _ in v})
+                rows = sorted({i for i, _ in t.entries})
+                for b in sorted({b for b, _ in sums.dx} | {b for _, b in sums.dw}):
+                    v = {}
+                    for (i, k), a in zip(t.entries, self.load_a(t, names, b)):
+                        for c in channels:
+                            g = names.g(t.out, k, c)
+                            v[i, c] = f"fma({a}, {g}, {v[i, c]})" if (i, c) in v else f"{a} * {g}"
+                    for (i, c), expr in v.items():
+                        w(f"const T v{_suffix(b)}{tag}_{i}_{c} = {expr};")
                 if self.needs_gw:
                     for c in channels:
-                        expr = None
-                        for i in rows:
-                            x = names.x(t.x, i, c)
-                            expr = f"fma({x}, v{tag}_{i}_{c}, {expr})" if expr else f"{x} * v{tag}_{i}_{c}"
+                        expr = _sum((names.x(t.x, i, c, a), f"v{_suffix(b)}{tag}_{i}_{c}") for a, b in sums.dw for i in rows)
                         w(f"{'' if self.shared else 'const T '}gw{tag}_{c} {'+' if self.shared else ''}= {expr};")
                     if not self.shared:  # lane_channels keeps the lane's channels' weights adjacent
                         w(f"if (active) {_store(gwrow, t.weight_position('u'), [f'gw{tag}_{c}' for c in channels])}")
                 if self.needs_gx:
                     for i in rows:
                         for c in channels:
-                            w(f"gx{t.x.offset}_{i}_{c} = fma({names.w(t, c)}, v{tag}_{i}_{c}, gx{t.x.offset}_{i}_{c});")
+                            for b, wp in sums.dx:
+                                w(f"gx{t.x.offset}_{i}_{c} = fma({names.w(t, c, wp)}, v{_suffix(b)}{tag}_{i}_{c}, gx{t.x.offset}_{i}_{c});")
         if self.needs_gy:
             ys = p.y_positions
             w(f"T {', '.join(f'gy{j} = 0' for j in ys)};")
             for t in p.terms:
                 tag = names.term[id(t)]
-                for c in channels:
-                    w(f"const T wm{tag}_{c} = active ? {names.w(t, c)} : T(0);")
+                for wp in sorted({c for _, c in sums.dy}):
+                    for c in channels:
+                        w(f"const T wm{_suffix(wp)}{tag}_{c} = active ? {names.w(t, c, wp)} : T(0);")
                 pairs: dict[tuple[int, int], list] = {}
                 for i, j, k, coeff in t.nonzeros:
                     pairs.setdefault((i, k), []).append((j, coeff))
                 for c in channels:
                     for i in sorted({i for i, _ in pairs}):
-                        w(f"const T xw{tag}_{i}_{c} = wm{tag}_{c} * {names.x(t.x, i, c)};")
+                        products = [(f"wm{_suffix(wp)}{tag}_{c}", names.x(t.x, i, c, a)) for a, wp in sums.dy]
+                        w(f"const T xw{tag}_{i}_{c} = {_sum(products)};")
                 # the lane's channels' products are summed per (i, k) before the coefficients
                 # spread them into gy: those multiply-adds are paid once per lane
                 for (i, k), js in pairs.items():
@@ -448,8 +512,7 @@ class _Kernel:
 
     # --- kernels -----------------------------------------------------------------------------
     def params(self) -> list[str]:
-        args = ["x", "y", "w"] + (["gz"] if self.backward else [])
-        params = [f"const T* __restrict__ {a}" for a in args]
+        params = [f"const T* __restrict__ {PARAM[pos]}" for pos in self.sums.arrays]
         if self.conv:
             params += [f"const int* __restrict__ {a}" for a in ("order", "other", "offsets")]
         if not self.backward:
@@ -475,7 +538,11 @@ class _Kernel:
                 for self.gi, self.g in enumerate(self.groups):
                     with w.block(f"case {self.gi}:"):
                         w(f"constexpr int NA = {self.g.layout.length}, GY = {self.g.gy_stride};")
-                        w("T* As = reinterpret_cast<T*>(smem);", "T* gyp = As + K * NA;")
+                        at = "reinterpret_cast<T*>(smem)"
+                        for pos in self.tables:
+                            w(f"T* {_table(pos)} = {at};")
+                            at = f"{_table(pos)} + K * NA"
+                        w(f"T* gyp = {at};")
                         w("int* s_edge = reinterpret_cast<int*>(gyp + K * GY);", "int* s_node = s_edge + K;")
                         w(f"if (threadIdx.x >= {self.g.warps * LANES}) return;" if self.g.warps < self.warps else "")
                         getattr(self, self.kind)()
@@ -488,8 +555,12 @@ class _Kernel:
         w = self.w
         rows = "num_nodes" if self.conv else "num_rows"
         edges = "num_edges" if self.conv else "num_rows"
-        w(f"x += b * {rows if not self.conv else 'num_senders'} * D1;", f"y += b * {edges} * D2;")
-        w(f"w += b * {'NW' if self.shared else f'{edges} * NW'};")
+        used = self.sums.arrays
+        for pos in (X, GGX):
+            if pos in used:
+                w(f"{PARAM[pos]} += b * {rows if not self.conv else 'num_senders'} * D1;")
+        w(*(f"{PARAM[pos]} += b * {edges} * D2;" for pos in (Y, GGY) if pos in used))
+        w(*(f"{PARAM[pos]} += b * {'NW' if self.shared else f'{edges} * NW'};" for pos in (W, GGW) if pos in used))
         if self.backward:
             w(f"gz += b * {'num_nodes' if self.conv else rows} * DOUT;")
             if self.needs_gx:
@@ -515,7 +586,7 @@ class _Kernel:
                 self.channel(q, p)
                 names = _Names(p)
                 if self.shared:
-                    for name, width, expr in self.w_loads(p, names, "w", stream=False):
+                    for name, width, expr in self.w_loads(p, names, lambda pos: PARAM[pos], self.sums.w_likes, stream=False):
                         w(f"const {_vtype(width)} {name} = {expr};")
                 body(q, p, names)
 
@@ -525,25 +596,25 @@ class _Kernel:
         with w.block("if (lane < n)"):
             w("const int e = order[base + lane];")
             w("if (warp == 0) { s_edge[lane] = e; s_node[lane] = other[base + lane]; }")
-            w(f"build_a{self.gi}(warp, y + (long long)e * D2, As + lane * NA);")
+            for pos in self.tables:
+                w(f"build_a{self.gi}(warp, {PARAM[pos]} + (long long)e * D2, {_table(pos)} + lane * NA);")
         w("__syncthreads();")
 
     def tp_forward(self):
         w = self.w
         w("const long long row0 = (long long)node * K;", "const int n = (int)min((long long)K, num_rows - row0);")
-        w(f"if (lane < n) build_a{self.gi}(warp, y + (row0 + lane) * D2, As + lane * NA);", "__syncthreads();")
+        for pos in self.tables:
+            w(f"if (lane < n) build_a{self.gi}(warp, {PARAM[pos]} + (row0 + lane) * D2, {_table(pos)} + lane * NA);")
+        w("__syncthreads();")
 
         def body(q, p, names):
-            def loads(sfx):
-                return self.x_loads(p, "xr" + sfx, True) + ([] if self.shared else self.w_loads(p, names, "wr" + sfx))
-
             def math():
                 self.declare_acc(p)
-                self.forward_math(p, names, "(As + kk * NA)")
+                self.forward_math(p, names)
                 self.store_acc(p, "(out + (row0 + kk) * DOUT)")
 
-            pointers = lambda k, sfx: [f"const T* xr{sfx} = x + (row0 + {k}) * D1;", f"const T* wr{sfx} = w + (row0 + {k}) * NW;"]  # noqa: E731
-            self.prefetched_loop(p, "n", pointers, loads, math)
+            pointers = lambda k, sfx: self.operand_rows(sfx, f"(row0 + {k})", f"(row0 + {k})")  # noqa: E731
+            self.prefetched_loop(p, "n", pointers, lambda sfx: self.operand_loads(p, names, sfx, True), math)
 
         self._programs(body)
 
@@ -557,15 +628,12 @@ class _Kernel:
                 w("const int n = min(K, end - base);")
                 self._chunk_a()
 
-                def loads(sfx):
-                    return self.x_loads(p, "xr" + sfx, False) + ([] if self.shared else self.w_loads(p, names, "wr" + sfx))
-
-                pointers = lambda k, sfx: [f"const T* xr{sfx} = x + (long long)s_node[{k}] * D1;", f"const T* wr{sfx} = w + (long long)s_edge[{k}] * NW;"]  # noqa: E731
+                pointers = lambda k, sfx: self.operand_rows(sfx, f"(long long)s_node[{k}]", f"(long long)s_edge[{k}]")  # noqa: E731
                 def math():
                     self.l2_prefetch(self.config.l2_prefetch)
-                    self.forward_math(p, names, "(As + kk * NA)")
+                    self.forward_math(p, names)
 
-                self.prefetched_loop(p, "n", pointers, loads, math)
+                self.prefetched_loop(p, "n", pointers, lambda sfx: self.operand_loads(p, names, sfx, False), math)
                 w("__syncthreads();")
             self.store_acc(p, "(out + (long long)r * DOUT)")
 
@@ -593,25 +661,20 @@ class _Kernel:
     def tp_backward(self):
         w = self.w
         w("const long long row0 = (long long)node * K;", "const int n = (int)min((long long)K, num_rows - row0);")
-        w(f"if (lane < n) build_a{self.gi}(warp, y + (row0 + lane) * D2, As + lane * NA);", "__syncthreads();")
+        for pos in self.tables:
+            w(f"if (lane < n) build_a{self.gi}(warp, {PARAM[pos]} + (row0 + lane) * D2, {_table(pos)} + lane * NA);")
+        w("__syncthreads();")
 
         def body(q, p, names):
             self._declare_shared_gw(p, names)
 
-            def loads(sfx):
-                out = self.x_loads(p, "xr" + sfx, True) + self.g_loads(p, "gr" + sfx, True)
-                return out + ([] if self.shared else self.w_loads(p, names, "wr" + sfx))
-
             def math():
                 self._declare_gx(p)
-                self.backward_math(q, p, names, "(As + kk * NA)", "(gw + (row0 + kk) * NW)", "(gyp + kk * GY)")
+                self.backward_math(q, p, names, "(gw + (row0 + kk) * NW)", "(gyp + kk * GY)")
                 self._store_gx(p, "(gx + (row0 + kk) * D1)")
 
-            pointers = lambda k, sfx: [  # noqa: E731
-                f"const T* xr{sfx} = x + (row0 + {k}) * D1;", f"const T* wr{sfx} = w + (row0 + {k}) * NW;",
-                f"const T* gr{sfx} = gz + (row0 + {k}) * DOUT;",
-            ]  # fmt: skip
-            self.prefetched_loop(p, "n", pointers, loads, math)
+            pointers = lambda k, sfx: self.operand_rows(sfx, f"(row0 + {k})", f"(row0 + {k})", f"(row0 + {k})")  # noqa: E731
+            self.prefetched_loop(p, "n", pointers, lambda sfx: self.operand_loads(p, names, sfx, True, gz=True), math)
             self._store_shared_gw(p, names, "(gw + (long long)node * NW)")
 
         self._programs(body)
@@ -637,24 +700,21 @@ class _Kernel:
         def body(q, p, names):
             self._declare_gx(p)
             self._declare_shared_gw(p, names)
-            for name, width, expr in self.x_loads(p, "(x + (long long)s * D1)", False):
+            for name, width, expr in self.x_loads(p, lambda pos: f"({PARAM[pos]} + (long long)s * D1)", False, self.sums.x_likes):
                 w(f"const {_vtype(width)} {name} = {expr};")
             with w.block("for (int base = start; base < end; base += K)"):
                 w("const int n = min(K, end - base);")
                 self._chunk_a()
 
-                def loads(sfx):
-                    return self.g_loads(p, "gr" + sfx, False) + ([] if self.shared else self.w_loads(p, names, "wr" + sfx))
-
-                pointers = lambda k, sfx: [f"const T* gr{sfx} = gz + (long long)s_node[{k}] * DOUT;", f"const T* wr{sfx} = w + (long long)s_edge[{k}] * NW;"]  # noqa: E731
+                pointers = lambda k, sfx: self.operand_rows(sfx, None, f"(long long)s_edge[{k}]", f"(long long)s_node[{k}]")  # noqa: E731
                 def math():
                     # the gathered cotangent rows mostly hit L2 already: asking for them ahead
                     # measured no faster (carbon f32 fwd+bwd 3.392 / 3.339 ms without, 3.406 /
                     # 3.385 with, H200) and doubles the L2 requests of the largest stream
                     self.l2_prefetch(self.config.backward_l2_prefetch)
-                    self.backward_math(q, p, names, "(As + kk * NA)", "(gw + (long long)s_edge[kk] * NW)", "(gyp + kk * GY)")
+                    self.backward_math(q, p, names, "(gw + (long long)s_edge[kk] * NW)", "(gyp + kk * GY)")
 
-                self.prefetched_loop(p, "n", pointers, loads, math)
+                self.prefetched_loop(p, "n", pointers, lambda sfx: self.operand_loads(p, names, sfx, False, xs=False, gz=True), math)
                 w("__syncthreads();")
                 if self.needs_gy:
                     self.gy_finalize("n", "s_edge[kk]")
@@ -665,14 +725,16 @@ class _Kernel:
         self._programs(body)
 
 
-def generate(desc, dtype, kind: str, needs=(True, True, True), shared: bool = False,
+def generate(desc, dtype, kind: str, sums: Sums = Sums(), shared: bool = False,
              config: schedule.Config | None = None) -> Kernel:  # fmt: skip
-    """The `kind` kernel of (trilinear, ``uvu``-only) descriptor `desc` in `dtype`;
-    backward kinds compute the gradients `needs` says (``(gx, gy, gw)``), `shared`: one weight
-    vector for all rows (or edges)."""
+    """The `kind` kernel of (trilinear, ``uvu``-only) descriptor `desc` in `dtype`, computing
+    the sums `sums` says (a forward kind its ``out``, a backward kind its ``dx, dy, dw``;
+    the default: the product and all three gradients); `shared`: one weight vector for all
+    rows (or edges)."""
     if schedule.unsupported(desc):
         raise ValueError(f"the CUDA kernels run modes {schedule.SUPPORTED_MODES}, not {sorted(schedule.unsupported(desc))}")
-    k = _Kernel(desc, dtype, kind, tuple(needs), shared, config or schedule.DEFAULT)
+    k = _Kernel(desc, dtype, kind, sums, shared, config or schedule.DEFAULT)
     if k.warps * LANES > MAX_THREADS:
         raise ValueError(f"{desc!r} needs {k.warps} warps per block in the CUDA kernels (at most {MAX_THREADS // LANES})")
-    return Kernel(kind, k.source(), k.warps * LANES, k.smem, k.chunk, len(k.groups), tuple(p for g in k.groups for p in g.programs))
+    programs = tuple(p for g in k.groups for p in g.programs)
+    return Kernel(kind, k.source(), k.warps * LANES, k.smem, k.chunk, len(k.groups), programs, k.sums.arrays)

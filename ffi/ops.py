@@ -1,4 +1,5 @@
-"""The CUDA kernels as JAX functions on flat arrays (the ``"cuda"`` backend's four ops)."""
+"""The CUDA kernels as JAX functions on flat arrays: the ``"cuda"`` backend's four ops and the
+sums of its fused double backward (:class:`~.schedule.Sums`)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import build, codegen, schedule
+from .schedule import BACKWARD, FORWARD, Sums
 
 DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 # Spill stores (bytes per thread) a kernel under the register cap of Config.min_warps may have
 # before it is rebuilt under a looser one: a few words in L1 cost less than half the warps.
 SPILL_BYTES = 64
+BACKWARD_PAIRS = BACKWARD.pairs
 
 
 def available() -> bool:
@@ -36,21 +39,22 @@ def unsupported_reason(desc) -> str | None:
     return None
 
 
-# Kernels generated in this process, by (descriptor, dtype, kind, needs, shared).
+# Kernels generated in this process, by (descriptor, dtype, kind, sums, shared).
 generated: dict[tuple, codegen.Kernel] = {}
 
 
-def kernel(desc, dtype, kind: str, needs=(True, True, True), shared: bool = False) -> codegen.Kernel:
+def kernel(desc, dtype, kind: str, sums: Sums = Sums(), shared: bool = False) -> codegen.Kernel:
     """The generated kernel (made once per process, with the schedule's current config)."""
     dtype = np.dtype(dtype)
     if dtype not in DTYPES:
         raise ValueError(f"the cuda backend runs float32 and float64, not {dtype}")
-    key = (desc, dtype, kind, tuple(needs), bool(shared))
+    sums = sums.of_kind(kind.endswith("backward"))
+    key = (desc, dtype, kind, sums, bool(shared))
     if key not in generated:
         # the register cap of Config.min_warps, loosened until the kernel (nearly) stops spilling
         most = schedule.DEFAULT.min_warps
         for warps in dict.fromkeys((most, most * 3 // 4, most // 2, 0)):
-            k = codegen.generate(desc, dtype, kind, needs, shared, dataclasses.replace(schedule.DEFAULT, min_warps=warps))
+            k = codegen.generate(desc, dtype, kind, sums, shared, dataclasses.replace(schedule.DEFAULT, min_warps=warps))
             if build.resources(build.cubin(k.source))["spill_stores"] <= SPILL_BYTES:
                 break
         generated[key] = k
@@ -66,11 +70,20 @@ def _struct(shape, dtype):
     return jax.ShapeDtypeStruct(tuple(shape), dtype)
 
 
-def forward(desc, x, y, w):
+def _call(k, arrays, outs, grid_x, scalars, indices=()):
+    """Run `k` on the operands it takes from ``arrays = (x, y, w, gz, ggx, ggy, ggw)`` (a
+    prefix of it where the rest is not read), then `indices`."""
+    operands = [arrays[pos] for pos in k.arrays]
+    return build.call(k, (*operands, *indices), outs, grid_x, arrays[0].size, scalars)
+
+
+def forward_sum(desc, arrays, triples=FORWARD.out):
+    """``sum of f(arrays[a], arrays[b], arrays[c])`` over the `triples` (positions in
+    ``(x, y, w, gz, ggx, ggy, ggw)``; the default: the product of ``(x, y, w)``)."""
+    x, _, w = arrays[:3]
     n = x.shape[0]
-    _, _, dout = desc.dims
-    k = kernel(desc, x.dtype, "tp_forward", shared=w.ndim == 1)
-    return build.call(k, (x, y, w), _struct((n, dout), x.dtype), -(-n // k.chunk) * k.groups, x.size, [n])
+    k = kernel(desc, x.dtype, "tp_forward", Sums(triples, (), (), ()), shared=w.ndim == 1)
+    return _call(k, arrays, _struct((n, desc.dims[2]), x.dtype), -(-n // k.chunk) * k.groups, [n])
 
 
 def _gradients(k, needs, results, shared: bool):
@@ -85,33 +98,60 @@ def _gradients(k, needs, results, shared: bool):
     return gx, gy, gw
 
 
-def backward(desc, x, y, w, gz, needs=(True, True, True)):
+def backward_sum(desc, arrays, pairs=BACKWARD_PAIRS):
+    """``(gx, gy, gw)``: each the sum of the backward against ``gz = arrays[3]`` over its
+    pairs in ``pairs = (gx pairs, gy pairs, gw pairs)`` (positions in ``(x, y, w, gz, ggx,
+    ggy, ggw)``, see :class:`~.schedule.Sums`); None for a gradient without pairs."""
+    x, _, w = arrays[:3]
     n = x.shape[0]
     d1, d2, _ = desc.dims
     shared = w.ndim == 1
-    k = kernel(desc, x.dtype, "tp_backward", tuple(needs), shared)
+    sums = Sums((), *pairs)
+    k = kernel(desc, x.dtype, "tp_backward", sums, shared)
     blocks = -(-n // k.chunk)
     shapes = [(n, d1), (k.groups, n, d2), (blocks, desc.weight_numel) if shared else (n, desc.weight_numel)]
-    outs = [_struct(s, x.dtype) for s, need in zip(shapes, needs) if need]
-    results = build.call(k, (x, y, w, gz), outs, blocks * k.groups, x.size, [n])
-    return _gradients(k, needs, results, shared)
+    outs = [_struct(s, x.dtype) for s, need in zip(shapes, sums.needs) if need]
+    return _gradients(k, sums.needs, _call(k, arrays, outs, blocks * k.groups, [n]), shared)
+
+
+def forward(desc, x, y, w):
+    return forward_sum(desc, (x, y, w))
+
+
+def backward(desc, x, y, w, gz, needs=(True, True, True)):
+    return backward_sum(desc, (x, y, w, gz), Sums.gradients(needs).pairs)
+
+
+def conv_forward_sum(desc, arrays, graph, triples=FORWARD.out):
+    """:func:`forward_sum` of the fused convolution over `graph`: ``x``-like rows gathered by
+    sender, the sums of each receiver's edges."""
+    x, _, w = arrays[:3]
+    k = kernel(desc, x.dtype, "conv_forward", Sums(triples, (), (), ()), shared=w.ndim == 1)
+    indices = (graph.receiver_order, graph.receiver_senders, graph.receiver_offsets)
+    scalars = [graph.num_nodes, graph.num_senders, graph.num_edges]
+    out = _struct((graph.num_nodes, desc.dims[2]), x.dtype)
+    return _call(k, arrays, out, graph.num_nodes * k.groups, scalars, indices)
+
+
+def conv_backward_sum(desc, arrays, graph, pairs=BACKWARD_PAIRS):
+    """:func:`backward_sum` of the fused convolution over `graph`: ``gx`` per sender, ``gy``
+    and ``gw`` per edge."""
+    x, _, w = arrays[:3]
+    d1, d2, _ = desc.dims
+    shared = w.ndim == 1
+    sums = Sums((), *pairs)
+    k = kernel(desc, x.dtype, "conv_backward", sums, shared)
+    ns, e = graph.num_senders, graph.num_edges
+    shapes = [(ns, d1), (k.groups, e, d2), (ns + 1, desc.weight_numel) if shared else (e, desc.weight_numel)]
+    outs = [_struct(s, x.dtype) for s, need in zip(shapes, sums.needs) if need]
+    indices = (graph.sender_order, graph.sender_receivers, graph.sender_offsets)
+    results = _call(k, arrays, outs, (ns + 1) * k.groups, [graph.num_nodes, ns, e], indices)
+    return _gradients(k, sums.needs, results, shared)
 
 
 def conv_forward(desc, x, y, w, graph):
-    _, _, dout = desc.dims
-    k = kernel(desc, x.dtype, "conv_forward", shared=w.ndim == 1)
-    args = (x, y, w, graph.receiver_order, graph.receiver_senders, graph.receiver_offsets)
-    scalars = [graph.num_nodes, graph.num_senders, graph.num_edges]
-    return build.call(k, args, _struct((graph.num_nodes, dout), x.dtype), graph.num_nodes * k.groups, x.size, scalars)
+    return conv_forward_sum(desc, (x, y, w), graph)
 
 
 def conv_backward(desc, x, y, w, gout, graph, needs=(True, True, True)):
-    d1, d2, _ = desc.dims
-    shared = w.ndim == 1
-    k = kernel(desc, x.dtype, "conv_backward", tuple(needs), shared)
-    ns, e = graph.num_senders, graph.num_edges
-    shapes = [(ns, d1), (k.groups, e, d2), (ns + 1, desc.weight_numel) if shared else (e, desc.weight_numel)]
-    outs = [_struct(s, x.dtype) for s, need in zip(shapes, needs) if need]
-    args = (x, y, w, gout, graph.sender_order, graph.sender_receivers, graph.sender_offsets)
-    results = build.call(k, args, outs, (ns + 1) * k.groups, x.size, [graph.num_nodes, ns, e])
-    return _gradients(k, needs, results, shared)
+    return conv_backward_sum(desc, (x, y, w, gout), graph, Sums.gradients(needs).pairs)

@@ -21,6 +21,7 @@ import functools
 
 import numpy as np
 
+from jequi.autodiff import GZ, W, X, Y
 from jequi.descriptor import Path, Segment, TensorProductDescriptor
 
 LANES = 32
@@ -66,6 +67,72 @@ class Config:
 
 
 DEFAULT = Config()
+
+
+def _unique_positions(positions) -> tuple[int, ...]:
+    return tuple(sorted(set(positions)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Sums:
+    """What a kernel sums, as positions in ``(x, y, w, gz, ggx, ggy, ggw)`` (the operands of
+    :class:`jequi.autodiff.SecondOrder`, whose terms these are):
+
+    * a forward kind: ``out = sum of f(a, b, c)`` over the triples ``out``;
+    * a backward kind: ``gx = sum of B(., b, c, gz).gx`` over the pairs ``(b, c)`` of ``dx``,
+      ``gy`` over ``dy``'s ``(a, c)``, ``gw`` over ``dw``'s ``(a, b)``; an empty tuple: that
+      gradient is not computed.
+
+    The defaults are the product and its vector-Jacobian product. In the kernels each
+    ``y``-like operand is an ``A`` table in shared memory, each ``x``-like and ``w``-like one a
+    row of values a lane loads (:meth:`x_likes`, :meth:`y_likes`, :meth:`w_likes`)."""
+
+    out: tuple = ((X, Y, W),)
+    dx: tuple = ((Y, W),)
+    dy: tuple = ((X, W),)
+    dw: tuple = ((X, Y),)
+
+    @classmethod
+    def gradients(cls, needs) -> "Sums":
+        """The vector-Jacobian product's sums of the gradients `needs` (three bools) asks for."""
+        full = cls()
+        return cls((), *(pairs if need else () for pairs, need in zip((full.dx, full.dy, full.dw), needs)))
+
+    def of_kind(self, backward: bool) -> "Sums":
+        """The sums a forward (or `backward`) kind computes: the others emptied."""
+        return Sums((), self.dx, self.dy, self.dw) if backward else Sums(self.out, (), (), ())
+
+    @property
+    def pairs(self) -> tuple[tuple, tuple, tuple]:
+        return self.dx, self.dy, self.dw
+
+    @property
+    def needs(self) -> tuple[bool, bool, bool]:
+        return bool(self.dx), bool(self.dy), bool(self.dw)
+
+    @property
+    def x_likes(self) -> tuple[int, ...]:
+        return _unique_positions([a for a, _, _ in self.out] + [a for a, _ in self.dy + self.dw])
+
+    @property
+    def y_likes(self) -> tuple[int, ...]:
+        """The ``A`` tables: ``gy`` is computed from the coefficients, not from a table."""
+        return _unique_positions([b for _, b, _ in self.out] + [b for b, _ in self.dx] + [b for _, b in self.dw])
+
+    @property
+    def w_likes(self) -> tuple[int, ...]:
+        return _unique_positions([c for _, _, c in self.out] + [c for _, c in self.dx + self.dy])
+
+    @property
+    def arrays(self) -> tuple[int, ...]:
+        """The positions a kernel takes: ``x, y, w`` always (they size the grid and batch),
+        ``gz`` for a backward, and the cotangents it reads."""
+        backward = bool(self.dx or self.dy or self.dw)
+        return _unique_positions([X, Y, W, *([GZ] if backward else []), *self.x_likes, *self.y_likes, *self.w_likes])
+
+
+FORWARD = Sums().of_kind(backward=False)
+BACKWARD = Sums().of_kind(backward=True)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -255,13 +322,14 @@ def lane_channels(desc, group: list[Term], dtype, most: int) -> int:
     return v
 
 
-def forward_programs(desc, dtype, registers: int, channels: int = 1) -> list[Program]:
+def forward_programs(desc, dtype, registers: int, channels: int = 1, sums: Sums = FORWARD) -> list[Program]:
     """Programs of a forward: per group, output segments in the order of their terms' ``x``
     segments, cut into the fewest balanced runs whose values per lane fit in `registers`
-    32-bit registers: the sums, the ``x`` segments read (once each) and the weights (the
-    operands twice: the next edge's are loaded early), for each of the lane's channels (at
-    most `channels`, :func:`lane_channels`)."""
+    32-bit registers: the sums, the ``x`` segments read (once each, per ``x``-like operand of
+    `sums`) and the weights (per ``w``-like operand; the operands twice: the next edge's are
+    loaded early), for each of the lane's channels (at most `channels`, :func:`lane_channels`)."""
     words = np.dtype(dtype).itemsize // 4
+    nx, nw = len(sums.x_likes), len(sums.w_likes)
     programs = []
     for mul, group in _groups(desc).items():
         v = lane_channels(desc, group, dtype, channels)
@@ -272,7 +340,7 @@ def forward_programs(desc, dtype, registers: int, channels: int = 1) -> list[Pro
         def size(run):
             terms = [t for o in run for t in terms_of[id(o)]]
             xs = _unique(t.x for t in terms)
-            return (sum(o.ir_dim for o in run) + 2 * sum(s.ir_dim for s in xs) + 2 * len(terms)) * words * v
+            return (sum(o.ir_dim for o in run) + 2 * nx * sum(s.ir_dim for s in xs) + 2 * nw * len(terms)) * words * v
 
         cost = lambda o: sum(t.forward_cost for t in terms_of[id(o)])  # noqa: E731
         runs = _contiguous(outs, cost, size, registers)
@@ -280,16 +348,17 @@ def forward_programs(desc, dtype, registers: int, channels: int = 1) -> list[Pro
     return programs
 
 
-def _held(group: list[Term], s: Segment, channels: int = 1, prefetch: bool = True) -> int:
+def _held(group: list[Term], s: Segment, channels: int = 1, prefetch: bool = True, sums: Sums = BACKWARD) -> int:
     """Values a backward lane holds per edge for ``x`` segment `s`: per channel, the segment
-    and its ``gx`` sums, and the operands (twice where the next edge's are loaded early): its
-    terms' weights and outputs' cotangents."""
+    (per ``x``-like operand of `sums`) and its ``gx`` sums, and the operands (twice where the
+    next edge's are loaded early): its terms' weights (per ``w``-like operand) and outputs'
+    cotangents."""
     terms = [t for t in group if t.x is s]
-    operands = sum(o.ir_dim for o in _unique(t.out for t in terms)) + len(terms)
-    return channels * (2 * s.ir_dim + (2 if prefetch else 1) * operands)
+    operands = sum(o.ir_dim for o in _unique(t.out for t in terms)) + len(terms) * len(sums.w_likes)
+    return channels * ((len(sums.x_likes) + 1) * s.ir_dim + (2 if prefetch else 1) * operands)
 
 
-def backward_programs(desc, dtype, values: int, channels: int = 1) -> list[Program]:
+def backward_programs(desc, dtype, values: int, channels: int = 1, sums: Sums = BACKWARD) -> list[Program]:
     """Programs of a backward: per group, ``x`` segments binned (each program owns whole
     segments, so its ``gx`` needs no cross-warp sum) so that the values a lane holds per edge
     (:func:`_held`) fit in `values`. Each segment takes as many channels per lane as keep its
@@ -304,9 +373,13 @@ def backward_programs(desc, dtype, values: int, channels: int = 1) -> list[Progr
     for mul, group in groups.items():
         # float64 lanes keep one channel: MACE-large's backward took 5.85 ms on two, 5.43 on one (H200)
         most = lane_channels(desc, group, dtype, channels) if words == 1 else 1
+        if len(sums.y_likes) > 1:
+            # a double backward's lane sums against two A tables: at most two channels (MACE-large
+            # dbl 0.884 -> 0.830 ms with two, 0.851 with one; H200, float32, ir_mul)
+            most = min(most, 2)
         xs = _unique(t.x for t in group)
         kinds: dict[tuple[int, bool], list[Segment]] = {}
-        size = functools.partial(_held, group)
+        size = lambda s, v, pf: _held(group, s, v, pf, sums)  # noqa: E731
         for s in xs:
             # a warp's work per edge is its segments' cost times its channels per lane: lighter
             # segments take more channels, the heaviest of all groups (the longest warp) takes one

@@ -15,6 +15,7 @@ from conftest import assert_close, check_batched
 
 import jequi
 from ffi import build, codegen, ops, schedule
+from jequi.autodiff import GGW, GGX, GGY, W, X, Y
 
 ON_GPU = "cuda" in jequi.available_backends()
 gpu = pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU and nvcc (the cuda backend)")
@@ -131,6 +132,9 @@ def test_unsupported_modes_are_reported():
     assert ops.unsupported_reason(PROBLEMS["uvu"]().descriptor.trilinear) is None
 
 
+# the fused double backward's sums: every term at once, and the double backward of gpu_benchmark.py
+SECOND = schedule.Sums(((GGX, Y, W), (X, GGY, W), (X, Y, GGW)), ((GGY, W), (Y, GGW)), ((GGX, W), (X, GGW)), ((GGX, Y), (X, GGY)))
+SECOND_BENCH = schedule.Sums((), ((GGY, W),), ((GGX, W),), ((GGX, Y), (X, GGY)))
 COMPILE_CASES = [
     ("uvu", np.float32, "conv_forward", (True, True, True), False),
     ("uvu", np.float64, "conv_backward", (True, True, True), False),
@@ -142,6 +146,11 @@ COMPILE_CASES = [
     ("vec", np.float32, "conv_backward", (True, True, True), False),
     ("vec-ir_mul", np.float64, "conv_forward", (True, True, True), True),
     ("vec-ir_mul", np.float32, "tp_backward", (False, True, True), True),
+    ("vec-ir_mul", np.float32, "tp_forward", SECOND, False),
+    ("vec-ir_mul", np.float32, "tp_backward", SECOND_BENCH, False),
+    ("uvu-in2-mul", np.float64, "conv_forward", SECOND, True),
+    ("wide", np.float32, "conv_backward", SECOND, False),
+    ("vec", np.float64, "tp_backward", SECOND, True),
 ]
 
 
@@ -149,10 +158,12 @@ COMPILE_CASES = [
 @pytest.mark.parametrize("name, dtype, kind, needs, shared", COMPILE_CASES)
 def test_generated_kernels_compile(name, dtype, kind, needs, shared, tmp_path, monkeypatch):
     """nvcc compiles the generated source for sm_90 (it needs no GPU), and the kernel the
-    backend keeps does not spill registers."""
+    backend keeps does not spill registers. `needs`: a backward's gradients, or the
+    :class:`~ffi.schedule.Sums` of a fused double backward's kernel."""
     monkeypatch.setattr(build, "CACHE_DIR", tmp_path)
     monkeypatch.setattr(ops, "generated", {})
-    kernel = ops.kernel(PROBLEMS[name]().descriptor.trilinear, dtype, kind, needs, shared)
+    sums = needs if isinstance(needs, schedule.Sums) else schedule.Sums.gradients(needs) if kind.endswith("backward") else schedule.Sums()
+    kernel = ops.kernel(PROBLEMS[name]().descriptor.trilinear, dtype, kind, sums, shared)
     path = build.cubin(kernel.source, "sm_90")
     assert path.read_bytes()[:4] == b"\x7fELF"
     usage = build.resources(path)
@@ -212,6 +223,50 @@ def test_second_and_third_order(name):
 
     for a, b in zip(derivatives("cuda"), derivatives("xla")):
         assert_close(a, b, 1e-10)
+
+
+def test_second_order_sums_name_their_operands():
+    """A fused double backward's kernels take the cotangents they read and build an ``A``
+    table per ``y``-like operand; a backward of ``gy`` alone builds none."""
+    desc = PROBLEMS["vec-ir_mul"]().descriptor.trilinear
+    forward = codegen.generate(desc, np.float32, "conv_forward", SECOND)
+    assert forward.arrays == (X, Y, W, GGX, GGY, GGW)
+    assert "build_a0(warp, ggy + (long long)e * D2, Bs + lane * NA)" in forward.source
+    backward = codegen.generate(desc, np.float32, "tp_backward", SECOND_BENCH)
+    assert backward.arrays == (X, Y, W, 3, GGX, GGY) and "const T* __restrict__ ggw" not in backward.source
+    gy_only = codegen.generate(desc, np.float32, "tp_backward", schedule.Sums.gradients((False, True, False)))
+    assert "build_a" not in gy_only.source.split("jequi_tp_backward")[1]
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shared", [False, True])
+@pytest.mark.parametrize("conv", [False, True])
+@pytest.mark.parametrize("name", ["uvu", "uvu-in2-mul", "wide", "vec-ir_mul", "mace-large-ir_mul"] if ON_GPU else [])
+def test_fused_double_backward_every_term(name, conv, shared, dtype):
+    """The VJP of the backward in all of (x, y, w, gz) with all three cotangents nonzero: the
+    fused double backward's kernels over every term of the seven-op identity (``dgz`` over
+    three triples, each gradient over two pairs), against the reference."""
+    tp = PROBLEMS[name]()
+    rng = np.random.default_rng(8)
+    n, e = 50, 600
+    x, y, w, s, r = _graph(rng, tp, n, e, dtype, shared)
+    if conv:
+        f = lambda b: lambda x, y, w: tp.conv(x, y, w, s, r, n, backend=b)  # noqa: E731
+    else:
+        x = rng.normal(size=(e, tp.irreps_in1.dim)).astype(dtype)
+        f = lambda b: lambda x, y, w: tp(x, y, w, backend=b)  # noqa: E731
+    gz = rng.normal(size=f("xla")(x, y, w).shape).astype(dtype)
+    cts = [rng.normal(size=a.shape).astype(dtype) for a in (x, y, w)]
+
+    def second(b):
+        def backward(x, y, w, gz):
+            return jax.vjp(f(b), x, y, w)[1](gz)
+
+        return jax.jit(lambda *a: jax.vjp(backward, *a)[1](tuple(cts)))(x, y, w, gz)
+
+    for a, b, what in zip(second("cuda"), second("xla"), ["dx", "dy", "dw", "dgz"]):
+        assert_close(a, b, 20 * TOL[dtype], what)
 
 
 @gpu

@@ -15,6 +15,10 @@ from jequi import backends
 from jequi.autodiff import GGW, GGY, W, X, Y, SecondOrder
 from jequi.backends import xla
 
+# the cuda backend runs on a GPU only (tests/test_cuda.py covers it further)
+BACKENDS = ["xla", "pallas", pytest.param("cuda", marks=pytest.mark.skipif(
+    "cuda" not in jequi.available_backends(), reason="needs a CUDA GPU and nvcc"))]  # fmt: skip
+
 PROBLEMS = {
     "channelwise": lambda: jequi.channelwise("4x0e+3x1o+2x2e", "0e+1o+2e", "0e+1o+2e+3o"),
     "fully-connected": lambda: jequi.fully_connected("3x0e+2x1o", "2x0e+1o", "2x0e+3x1o+1x1e"),
@@ -99,7 +103,7 @@ def test_second_order_with_symbolic_zero_cotangents():
         assert_close(a, b, 1e-10)
 
 
-@pytest.mark.parametrize("backend", ["xla", "pallas"])
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("order", [first, second, third])
 def test_conv_derivatives(order, backend):
     tp = PROBLEMS["channelwise"]()
@@ -131,7 +135,7 @@ def test_float32_gradients():
         assert_close(a, b, 1e-4)
 
 
-@pytest.mark.parametrize("backend", ["xla", "pallas"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_backward_calls_compute_only_needed_gradients(backend, monkeypatch):
     """Force-training shape: x depends on the parameters only, y on the positions only, w on
     both. The forces' backward needs no gx; the loss gradient's double backward needs no gy

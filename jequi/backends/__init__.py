@@ -50,7 +50,7 @@ BACKENDS: dict[str, Backend] = {
     # GPU only (never the interpreter): CUDA kernels through the XLA FFI, channelwise products.
     "cuda": Backend(
         "cuda", cuda.forward, cuda.backward, cuda.conv_forward, cuda.conv_backward, cuda.check,
-        available=cuda.available,
+        available=cuda.available, second=cuda.second, conv_second=cuda.conv_second,
     ),
 }
 

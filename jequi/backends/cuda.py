@@ -1,7 +1,7 @@
 """The ``"cuda"`` backend: CUDA kernels generated per descriptor and run through the XLA FFI
 (see ``ffi/``). It runs channelwise (``uvu``) products in float32 and float64, batched and as
-the fused, deterministic convolution; derivatives of every order compose its forward and
-backward kernels (:mod:`jequi.autodiff`). Available on a CUDA GPU with ``nvcc`` and a C++
+the fused, deterministic convolution. Its double backward is fused like the Pallas backend's
+(:func:`second`); higher orders compose its kernels (:mod:`jequi.autodiff`). Available on a CUDA GPU with ``nvcc`` and a C++
 compiler (the kernels are compiled at first use and cached on disk)."""
 
 from __future__ import annotations
@@ -34,6 +34,22 @@ def forward(desc, x, y, w):
 
 def backward(desc, x, y, w, gz, needs=ALL):
     return ffi.backward(desc, x, y, w, gz, needs)
+
+
+def second(desc, spec, arrays):
+    """The fused double backward (:class:`jequi.autodiff.SecondOrder`): one forward-like
+    kernel for ``dgz`` over the spec's triples (an ``A`` table per ``y``-like operand) and one
+    backward-like kernel for ``dx, dy, dw`` over its pairs, instead of up to three forward and
+    three backward calls, each reading its own copies of ``x, y, w, gz``."""
+    return spec.evaluate(lambda triples: ffi.forward_sum(desc, arrays, triples), lambda pairs: ffi.backward_sum(desc, arrays, pairs))
+
+
+def conv_second(desc, spec, arrays, graph):
+    """:func:`second` of the conv: ``dgz`` walks receivers, ``dx, dy, dw`` senders."""
+    return spec.evaluate(
+        lambda triples: ffi.conv_forward_sum(desc, arrays, graph, triples),
+        lambda pairs: ffi.conv_backward_sum(desc, arrays, graph, pairs),
+    )
 
 
 def conv_forward(desc, x, y, w, graph):

@@ -29,22 +29,13 @@ def backward(desc, x, y, w, gz, needs=pallas_kernels.ALL):
     return pallas_kernels.backward(desc, x, y, w, gz, needs)
 
 
-def _second_of(spec, forward_sum, backward_sum):
-    """``(dx, dy, dw, dgz)`` of `spec` from a kernel pair: ``forward_sum(triples)`` for
-    ``dgz`` and ``backward_sum((dx, dy, dw) pairs)`` for the others (None where not wanted)."""
-    terms = (spec.dx, spec.dy, spec.dw)
-    grads = backward_sum(terms) if any(terms) else (None,) * 3
-    return (*grads, forward_sum(spec.dgz) if spec.dgz else None)
-
-
 def second(desc, spec, arrays):
     """The fused double backward (:class:`jequi.autodiff.SecondOrder`): two kernels, one for
     ``dgz`` (a forward over the spec's triples) and one for ``dx, dy, dw`` (a backward over
     its pairs against ``gz``). One kernel per gradient instead was slower (H200, dbl of
     gpu_benchmark.py at 20,000 rows, MACE-large f32 1.195 -> 2.334 ms, NequIP-OAM 0.716 ->
     1.066; tune_conv.py, benchmarks/results/2026-11-21-h200-ab.md)."""
-    return _second_of(
-        spec,
+    return spec.evaluate(
         lambda triples: pallas_kernels.forward_sum(desc, arrays, terms=triples),
         lambda pairs: pallas_kernels.backward_sum(desc, arrays[GZ], arrays, terms=pairs, shared_weights=arrays[W].ndim == 1),
     )
@@ -65,8 +56,7 @@ def conv_backward(desc, x, y, w, gout, graph, needs=pallas_kernels.ALL, kahan: b
 
 def conv_second(desc, spec, arrays, graph, kahan: bool = False):
     """:func:`second` of the conv: ``dgz`` walks receivers, ``dx, dy, dw`` senders."""
-    return _second_of(
-        spec,
+    return spec.evaluate(
         lambda triples: pallas_kernels.conv_forward_sum(
             desc, arrays, graph.receiver_senders, graph.receiver_order, graph.receiver_offsets, terms=triples,
             num_nodes=graph.num_nodes, edges_sorted=graph.edges_sorted, kahan=kahan,
