@@ -15,9 +15,9 @@ from jequi import backends
 from jequi.autodiff import GGW, GGY, W, X, Y, SecondOrder
 from jequi.backends import xla
 
-# the cuda backend runs on a GPU only (tests/test_cuda.py covers it further)
-BACKENDS = ["xla", "pallas", pytest.param("cuda", marks=pytest.mark.skipif(
-    "cuda" not in jequi.available_backends(), reason="needs a CUDA GPU and nvcc"))]  # fmt: skip
+# the cuda backends run on a GPU only (tests/test_cuda.py covers them further)
+ON_CUDA = pytest.mark.skipif("cuda" not in jequi.available_backends(), reason="needs a CUDA GPU and nvcc")
+BACKENDS = ["xla", "pallas", pytest.param("cuda", marks=ON_CUDA), pytest.param("pallas+cuda", marks=ON_CUDA)]
 
 PROBLEMS = {
     "channelwise": lambda: jequi.channelwise("4x0e+3x1o+2x2e", "0e+1o+2e", "0e+1o+2e+3o"),

@@ -384,8 +384,9 @@ def test_warps():
 @pytest.mark.parametrize("cuda", [False, True])
 def test_default_backend(monkeypatch, cuda):
     """xla on CPU; on GPU pallas for every product it runs, but xla for shared weights that a
-    uvw path contracts over several x channels (a weight matrix per path); a channelwise conv
-    on the cuda kernels where they are available and its backward's footprint is small."""
+    uvw path contracts over several x channels (a weight matrix per path); where the cuda
+    kernels are available and a channelwise backward's footprint is small, a wide conv on them
+    and a batched product with per-row weights on pallas+cuda."""
     desc = lambda name: jequi.problems.get(name).descriptor.trilinear  # noqa: E731
     unsupported = jequi.TensorProduct("3x1o", "2x1o", "2x2e", [(0, 0, 0, "uvv", True)]).descriptor.trilinear
     if not ON_GPU:
@@ -396,11 +397,12 @@ def test_default_backend(monkeypatch, cuda):
     assert jequi.default_backend() == "pallas"
     for shared in (False, True):
         assert jequi.default_backend(desc("mace-large"), shared, conv=True) == ("cuda" if cuda else "pallas")
-        assert jequi.default_backend(desc("mace-large"), shared) == "pallas"  # the batched product
     for name in ("nequip-oam-main", "nequip-benzene", "diffdock-l1"):  # narrow groups, spills, uvw
         assert jequi.default_backend(desc(name), conv=True) == "pallas", name
     assert jequi.default_backend(unsupported) == "xla"
-    for name, shared in [("mace-large", False), ("mace-large", True), ("diffdock-l1", False), ("tetris-poly-1", True)]:
+    for name in ("mace-large", "nequip-oam-main", "nequip-lips"):  # the batched product, per-row weights
+        assert jequi.default_backend(desc(name)) == ("pallas+cuda" if cuda else "pallas"), name
+    for name, shared in [("mace-large", True), ("nequip-benzene", False), ("diffdock-l1", False), ("tetris-poly-1", True)]:
         assert jequi.default_backend(desc(name), shared) == "pallas", (name, shared)
     for name in ("diffdock-l1", "tetris-poly-2", "tetris-1-lin2"):
         assert jequi.default_backend(desc(name), shared_weights=True) == "xla", name

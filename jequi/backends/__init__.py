@@ -4,7 +4,8 @@ A backend is a set of four functions taking the descriptor first:
 ``forward(desc, x, y, w)``, ``backward(desc, x, y, w, gz, needs)``,
 ``conv_forward(desc, x, y, w, graph[, kahan])`` and
 ``conv_backward(desc, x, y, w, gout, graph, needs[, kahan])`` (``graph`` a :class:`jequi.Graph`;
-``kahan`` only where ``supports_kahan``). ``needs`` (three bools, default all True) says
+``kahan`` only where ``supports_kahan``). ``"pallas+cuda"`` takes its forward kernels from
+the Pallas backend and its backward ones from the cuda backend. ``needs`` (three bools, default all True) says
 which of ``(gx, gy, gw)`` a backward computes; it returns None for the others.
 Inputs are flat: ``x (N, in1.dim)``, ``y (N, in2.dim)``, ``w (N, weight_numel)`` or shared
 ``(weight_numel,)``, all of one floating dtype. Derivatives of every order are built from
@@ -55,6 +56,18 @@ BACKENDS: dict[str, Backend] = {
 }
 
 
+def _check_pallas_and_cuda(desc):
+    pallas.check(desc)
+    cuda.check(desc)
+
+
+# Each derivative order on the kernels measured faster for it (see default_backend).
+BACKENDS["pallas+cuda"] = Backend(
+    "pallas+cuda", pallas.forward, cuda.backward, pallas.conv_forward, cuda.conv_backward, _check_pallas_and_cuda,
+    available=cuda.available, second=cuda.second, conv_second=cuda.conv_second,
+)  # fmt: skip
+
+
 def available_backends() -> list[str]:
     """Names of the backends that run on this machine."""
     return [name for name, b in BACKENDS.items() if b.available()]
@@ -74,16 +87,19 @@ def resolve(name: str | None, desc, shared_weights: bool = False, conv: bool = F
     return backend
 
 
-# The CUDA conv kernels are the default for a channelwise conv whose channel groups are all at
-# least CUDA_CONV_MIN_CHANNELS wide and whose backward lane holds at most CUDA_CONV_FOOTPRINT
-# values per edge (ffi.schedule.backward_footprint). Measured (H200): MACE-large (128 channels,
-# 86 values) on the carbon lattice and the water box beats the Pallas kernels in fwd and
-# fwd+bwd in both dtypes (benchmarks/results/2026-11-23-h200-conv-cuda-*.md); NequIP-benzene
-# (64 channels, 134 values) wins its forward but its backward ran 2-3x slower (registers
-# spill); jequi.models' product (64/32/16 channels, a 512-node batch) ran inference 2x and the
-# training step 2.8x slower (2026-11-23-nvidia-h200-model-cuda.md).
+# The CUDA kernels run a channelwise product's backward where a backward lane holds at most
+# CUDA_FOOTPRINT values per edge (row; ffi.schedule.backward_footprint), and its whole conv where
+# its channel groups are also all at least CUDA_CONV_MIN_CHANNELS wide. Measured (H200): MACE-large
+# (128 channels, 86 values) on the carbon lattice and the water box beats the Pallas kernels in
+# fwd and fwd+bwd in both dtypes (benchmarks/results/2026-11-23-h200-conv-cuda-*.md);
+# NequIP-benzene (64 channels, 134 values) wins its forward but its backward ran 2-3x slower
+# (registers spill); jequi.models' product (64/32/16 channels, a 512-node batch) ran inference 2x
+# and the training step 2.8x slower (2026-11-23-nvidia-h200-model-cuda.md). The batched backward
+# and double backward of MACE-large, MACE-medium, NequIP-OAM and NequIP-LiPS (32-128 channels,
+# 50-86 values) beat the Pallas ones in both dtypes and layouts, their forward does not
+# (2026-11-24-h200-tp-cuda-second-f32.md, -f64.md).
 CUDA_CONV_MIN_CHANNELS = 128
-CUDA_CONV_FOOTPRINT = 100
+CUDA_FOOTPRINT = 100
 
 
 def default_backend(desc=None, shared_weights: bool = False, conv: bool = False) -> str:
@@ -99,33 +115,38 @@ def default_backend(desc=None, shared_weights: bool = False, conv: bool = False)
     ``(u, w)`` weight block for every row, where XLA contracts the weights as matrix products
     (:func:`contracts_shared_weights`; benchmarks/results/2026-11-22-h200-shared-weights-float32.md).
     The convolution of a wide channelwise product goes to the CUDA kernels where they were
-    measured to pay (:data:`CUDA_CONV_MIN_CHANNELS`, :data:`CUDA_CONV_FOOTPRINT`); its batched
-    product stays on Pallas, whose forward and double backward measured faster (MACE-large,
-    50,000 rows, float32: fwd 0.666 vs 0.793 ms in ``ir_mul``, dbl 0.922 vs 1.231 ms;
-    2026-11-23-h200-tp-cuda-tp-f32.md).
+    measured to pay (:data:`CUDA_CONV_MIN_CHANNELS`, :data:`CUDA_FOOTPRINT`). A batched
+    channelwise product with per-row weights whose backward fits :data:`CUDA_FOOTPRINT` runs
+    ``"pallas+cuda"``: its forward on Pallas (MACE-large, 50,000 rows, ``ir_mul``, float32 0.670
+    vs 0.689 ms, float64 1.332 vs 1.411; in ``mul_ir`` 0.776 vs 1.114), its backward and double
+    backward on the CUDA kernels (bwd 0.881 vs 0.991 ms, dbl 0.890 vs 0.934; float64 1.643 vs
+    2.054, 1.581 vs 1.859; 2026-11-24-h200-tp-cuda-second-*.md).
     """
     if jax.default_backend() != "gpu":
         return "xla"
     if desc is None:
         return "pallas"
-    if conv and _cuda_conv_pays(desc):
+    if conv and _cuda_runs(desc) and min(p.mul_in1 for p in desc.active_paths) >= CUDA_CONV_MIN_CHANNELS:
         return "cuda"
     try:
         BACKENDS["pallas"].check(desc)
     except ValueError:
         return "xla"
-    return "xla" if shared_weights and contracts_shared_weights(desc) else "pallas"
+    if shared_weights:
+        return "xla" if contracts_shared_weights(desc) else "pallas"
+    return "pallas+cuda" if not conv and _cuda_runs(desc) else "pallas"
 
 
-def _cuda_conv_pays(desc) -> bool:
+def _cuda_runs(desc) -> bool:
+    """Whether the CUDA kernels are available, run `desc` and its backward fits :data:`CUDA_FOOTPRINT`."""
     cuda = BACKENDS["cuda"]
-    if not cuda.available() or min((p.mul_in1 for p in desc.active_paths), default=0) < CUDA_CONV_MIN_CHANNELS:
+    if not cuda.available() or not desc.active_paths:
         return False
     try:
         cuda.check(desc)
     except ValueError:
         return False
-    return cuda_footprint(desc) <= CUDA_CONV_FOOTPRINT
+    return cuda_footprint(desc) <= CUDA_FOOTPRINT
 
 
 def contracts_shared_weights(desc) -> bool:
