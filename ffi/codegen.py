@@ -9,6 +9,11 @@ Four kinds, each one ``extern "C" __global__`` function ``jequi_<kind>``:
   ``gy`` and ``gw`` per edge and the sender's ``gx`` once. One extra block zeroes the rows of
   dropped edges (out-of-range indices), which no sender walks.
 
+Each computes the sums of a :class:`~.schedule.Sums`: by default the product (forward kinds)
+or its vector-Jacobian product (backward kinds); with substituted cotangents, the fused
+double backward's terms (an ``A`` table per ``y``-like operand, the ``x``- and ``w``-like
+rows loaded side by side).
+
 Per chunk of edges (rows; 32, or fewer where the tables would not fit :data:`SMEM_BUDGET`)
 every warp first builds ``A`` (:mod:`.schedule`) for some of the chunk's terms, one edge per
 lane, with the CG coefficients as literals; after a barrier each warp runs its
