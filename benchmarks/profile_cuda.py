@@ -58,7 +58,8 @@ def main():
         ms, first = timed(jax.jit(fn), args, a.repeat, a.calls)
         kind = name.split("[")[0]
         needs = NEEDS[name[len(kind) + 1 : -1]] if "[" in name else (True, True, True)
-        kernel = ops.kernel(desc, jax.numpy.dtype(a.dtype), kind, schedule.Sums.gradients(needs))
+        sums = schedule.Sums.gradients(needs) if kind.endswith("backward") else schedule.Sums()
+        kernel = ops.kernel(desc, jax.numpy.dtype(a.dtype), kind, sums)
         usage = build.resources(build.cubin(kernel.source))
         print(f"  {name:24s} {ms:8.3f} ms  first call {first:5.1f} s  {usage['registers']} regs x {kernel.threads} threads, "
               f"smem {kernel.smem} B, chunk {kernel.chunk}", flush=True)

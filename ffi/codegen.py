@@ -42,14 +42,14 @@ from . import schedule
 from .schedule import LANES, Program, Sums, Term
 
 # Dynamic shared memory a block may take: the largest chunk (32, 16 or 8 edges, one per lane
-# while A is built) whose A table and gy partials fit in it.
+# while A is built) whose A tables and gy partials fit in it.
 SMEM_BUDGET = 64 * 1024
 MAX_THREADS = 1024
 KINDS = ("tp_forward", "tp_backward", "conv_forward", "conv_backward")
 # C names by operand position (jequi.autodiff's (x, y, w, gz, ggx, ggy, ggw)): the kernel
 # parameter, the prefix of a lane's loaded values, and (y-like operands) the A table's.
 PARAM = {X: "x", Y: "y", W: "w", GZ: "gz", GGX: "ggx", GGY: "ggy", GGW: "ggw"}
-VALUE = {X: "x", W: "w", GZ: "g", GGX: "q", GGW: "h"}
+VALUE = {X: "x", W: "w", GGX: "q", GGW: "h"}  # gz's values are always "g"
 TABLE = {Y: "a", GGY: "b"}
 
 
@@ -176,7 +176,7 @@ class _Names:
 
 class _Group:
     """The programs one block runs (a wide product's programs are spread over several blocks
-    per node, :attr:`Config.block_warps` warps at most), with its ``A`` table and its slots
+    per node, :attr:`Config.block_warps` warps at most), with its ``A`` tables and its slots
     for ``gy`` partials (a row of ``gy_stride`` per edge: per program, warp and y position)."""
 
     def __init__(self, programs: list[Program], vector: int, gy: bool, tables: int):

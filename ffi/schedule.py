@@ -125,8 +125,9 @@ class Sums:
 
     @property
     def arrays(self) -> tuple[int, ...]:
-        """The positions a kernel takes: ``x, y, w`` always (they size the grid and batch),
-        ``gz`` for a backward, and the cotangents it reads."""
+        """The positions a kernel takes: ``x, y, w`` always (one parameter list for every
+        kernel of a kind; ``x`` sizes the batch), ``gz`` for a backward, and the cotangents it
+        reads."""
         backward = bool(self.dx or self.dy or self.dw)
         return _unique_positions([X, Y, W, *([GZ] if backward else []), *self.x_likes, *self.y_likes, *self.w_likes])
 

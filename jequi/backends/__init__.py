@@ -109,7 +109,8 @@ def default_backend(desc=None, shared_weights: bool = False, conv: bool = False)
 
     Measured (benchmarks/results/2026-11-21-h200-tp.md): on GPU the Pallas kernels beat
     ``xla`` on every problem measured with per-row weights (channelwise and ``uvw``), so they
-    are the default for every descriptor whose modes they run; on CPU always ``xla`` (Pallas
+    run every descriptor whose modes they run (alone, or as ``pallas+cuda``'s forward, below);
+    on CPU always ``xla`` (Pallas
     runs interpreted). With shared weights, a product whose ``uvw``/``uuw`` paths contract
     over several ``x`` channels goes to ``xla``: the kernels read each path's whole
     ``(u, w)`` weight block for every row, where XLA contracts the weights as matrix products
