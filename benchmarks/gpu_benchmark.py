@@ -71,7 +71,8 @@ PEERS = ("e3nn", "cuex", "oeq", "oeq-det")
 # OpenEquivariance take e3nn's ``mul_ir``. Speedups compare a peer with jequi in its layout.
 PEER_LAYOUTS = {"e3nn": "mul_ir", "cuex": "ir_mul", "oeq": "mul_ir", "oeq-det": "mul_ir"}
 IR_MUL = "-ir_mul"  # name suffix of the jequi implementations run in the ir_mul layout
-KERNEL_BACKENDS = {"pallas", "cuda", "pallas+cuda"}  # the jequi backends also run in the ir_mul layout
+KERNEL_BACKENDS = {"pallas", "cuda", "pallas+cuda", "cuda-atomic"}  # the jequi backends also run in the ir_mul layout
+CONV_ONLY = {"cuda-atomic"}  # backends that differ from another only in the conv
 CHECK_ROWS = 64
 SLOW_CELL_S = 10.0  # fewer calls per repetition when a cell would take longer than this
 
@@ -175,8 +176,9 @@ def oeq_check(op, tp):
 
 def tp_impls(tp, tp_ir, spec, dtype):
     """`tp_ir`: the same product in the ir_mul layout (None: not run)."""
-    impls = {f"jequi-{b}": lambda b=b: [("", lambda x, y, w: tp(x, y, w, backend=b))] for b in jequi.available_backends()}
-    for b in KERNEL_BACKENDS & set(jequi.available_backends()) if tp_ir is not None else ():
+    batched = [b for b in jequi.available_backends() if b not in CONV_ONLY]
+    impls = {f"jequi-{b}": lambda b=b: [("", lambda x, y, w: tp(x, y, w, backend=b))] for b in batched}
+    for b in KERNEL_BACKENDS & set(batched) if tp_ir is not None else ():
         impls[f"jequi-{b}" + IR_MUL] = lambda b=b: [("ir_mul", lambda x, y, w: tp_ir(x, y, w, backend=b))]
     impls["e3nn"] = lambda: [("vmap(FunctionalTensorProduct)", e3nn_fn(tp))]
     impls["cuex"] = lambda: cuex_candidates(tp, spec)

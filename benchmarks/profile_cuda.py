@@ -1,5 +1,6 @@
-"""The CUDA backend's kernels one by one: each kernel kind (and the conv backward per set of
-wanted gradients) called directly, timed, with its registers and threads (GPU run).
+"""The CUDA backend's kernels one by one: each kernel kind (and the conv backwards, sender walk
+and atomic receiver walk, per set of wanted gradients) called directly, timed, with its
+registers and threads (GPU run).
 
     python3 benchmarks/profile_cuda.py [--problem mace-large] [--layout ir_mul] [--dtype float32]
         [--graph carbon] [--batch 50000] [--repeat 9 --calls 20]
@@ -19,7 +20,7 @@ from timing import timed
 import jequi
 from ffi import build, ops, schedule
 
-NEEDS = {"all": (True, True, True), "gx,gw": (True, False, True), "gy": (False, True, False), "gx": (True, False, False)}
+NEEDS = {"all": (True, True, True), "gx+gw": (True, False, True), "gy": (False, True, False), "gx": (True, False, False)}
 
 
 def main():
@@ -48,11 +49,12 @@ def main():
         "tp_backward": (lambda x, y, w, g: ops.backward(desc, x, y, w, g), (bx, by, bw, bg)),
         "conv_forward": (lambda x, y, w: ops.conv_forward(desc, x, y, w, graph), (x, y, w)),
     }
-    for name in a.needs.split(","):
-        needs = NEEDS[name]
-        cases[f"conv_backward[{name}]"] = (
-            lambda x, y, w, g, needs=needs: ops.conv_backward(desc, x, y, w, g, graph, needs), (x, y, w, g)
-        )
+    for kind in ("conv_backward", "conv_atomic_backward"):
+        for name in a.needs.split(","):
+            needs, atomic = NEEDS[name], kind == "conv_atomic_backward"
+            cases[f"{kind}[{name}]"] = (
+                lambda x, y, w, g, needs=needs, atomic=atomic: ops.conv_backward(desc, x, y, w, g, graph, needs, atomic), (x, y, w, g)
+            )
     print(f"{a.problem} {a.layout} {a.dtype}: {a.graph} {n} atoms {e} edges, batch {b}", flush=True)
     for name, (fn, args) in cases.items():
         ms, first = timed(jax.jit(fn), args, a.repeat, a.calls)
@@ -61,7 +63,7 @@ def main():
         sums = schedule.Sums.gradients(needs) if kind.endswith("backward") else schedule.Sums()
         kernel = ops.kernel(desc, jax.numpy.dtype(a.dtype), kind, sums)
         usage = build.resources(build.cubin(kernel.source))
-        print(f"  {name:24s} {ms:8.3f} ms  first call {first:5.1f} s  {usage['registers']} regs x {kernel.threads} threads, "
+        print(f"  {name:32s} {ms:8.3f} ms  first call {first:5.1f} s  {usage['registers']} regs x {kernel.threads} threads, "
               f"smem {kernel.smem} B, chunk {kernel.chunk}", flush=True)
 
 

@@ -2,7 +2,7 @@
 schedule knobs (GPU run, device tool).
 
     python3 benchmarks/tune_cuda.py [--problems mace-large] [--graph carbon] [--dtype float32]
-        [--layouts mul_ir,ir_mul] [--backends cuda,pallas] [--tp-batch 50000] [--dbl-batch 20000]
+        [--layouts mul_ir,ir_mul] [--backends cuda,cuda-atomic,pallas] [--tp-batch 50000] [--dbl-batch 20000]
         [--forward-registers 64] [--batched-forward-registers 128] [--backward-values 128]
         [--prefetch 64,0] [--min-warps 16,0] [--l2-prefetch 4,0] [--block-warps 8] [--channels 1,4]
         [--smem-budget 65536] [--spill-bytes 64,128] [--second fused,composed]
@@ -30,6 +30,7 @@ import jequi
 from ffi import build, codegen, ops, schedule
 
 KNOBS = tuple(f.name for f in dataclasses.fields(schedule.Config))
+CUDA = {b: jequi.backends.BACKENDS[b] for b in ("cuda", "cuda-atomic")}  # the backends whose kernels the knobs shape
 
 
 def registers(desc, dtype) -> str:
@@ -72,13 +73,14 @@ def main():
         keys = jax.random.split(jax.random.key(0), len(shapes))
         x, y, w, g, bx, by, bw, bg = (jax.random.normal(k, s, a.dtype) for k, s in zip(keys, shapes))
         sweeps = [a.second.split(","), a.spill_bytes.split(","), a.smem_budget.split(",")] + [getattr(a, k).split(",") for k in KNOBS]
-        fused = jequi.backends.BACKENDS["cuda"]
         for backend in a.backends.split(","):
-            for second, spill, smem, *values in itertools.product(*sweeps) if backend == "cuda" else [(None, None, None)]:
+            cuda = backend in CUDA
+            for second, spill, smem, *values in itertools.product(*sweeps) if cuda else [(None, None, None)]:
                 label = backend
-                if backend == "cuda":
+                if cuda:
+                    fused = CUDA[backend]
                     composed = dataclasses.replace(fused, second=None, conv_second=None)
-                    jequi.backends.BACKENDS["cuda"] = composed if second == "composed" else fused
+                    jequi.backends.BACKENDS[backend] = composed if second == "composed" else fused
                     jequi.tensor_product._tp_op.cache_clear()
                     jequi.tensor_product._conv_op.cache_clear()
                     label += f" {second} spill={spill}"
@@ -99,7 +101,7 @@ def main():
                         line += time_dbl(lambda x, y, w: tp(x, y, w, backend=backend), bg[:k], (bx[:k], by[:k], bw[:k]))
                 except Exception as exc:  # noqa: BLE001 - report and go on with the next setting
                     line += f" failed: {type(exc).__name__}: {str(exc)[:300]}"
-                if backend == "cuda":
+                if cuda:
                     line += " | " + registers(tp.descriptor.trilinear, jax.numpy.dtype(a.dtype))
                 print(line, flush=True)
 

@@ -159,9 +159,10 @@ def register(source: str, entry: str) -> str:
     return name
 
 
-def call(kernel: codegen.Kernel, args, out_types, grid_x: int, unit: int, scalars):
+def call(kernel: codegen.Kernel, args, out_types, grid_x: int, unit: int, scalars, zero=()):
     """Run `kernel` on `args` (arrays), returning results of `out_types`
-    (``jax.ShapeDtypeStruct``\\ s): grid ``(grid_x, B)`` where ``B = args[0].size // unit``."""
+    (``jax.ShapeDtypeStruct``\\ s): grid ``(grid_x, B)`` where ``B = args[0].size // unit``;
+    the results numbered in `zero` are zeroed first."""
     name = register(kernel.source, kernel.entry)
     fn = jax.ffi.ffi_call(TARGET, out_types, vmap_method="broadcast_all")
     return fn(
@@ -171,5 +172,6 @@ def call(kernel: codegen.Kernel, args, out_types, grid_x: int, unit: int, scalar
         unit=np.int64(unit),
         threads=np.int64(kernel.threads),
         smem=np.int64(kernel.smem),
+        zero=np.int64(sum(1 << i for i in zero)),
         scalars=np.asarray(scalars, np.int64),
     )

@@ -8,6 +8,11 @@ Four kinds, each one ``extern "C" __global__`` function ``jequi_<kind>``:
 * ``conv_backward``: a block owns a sender and walks its edges (sender order); it writes
   ``gy`` and ``gw`` per edge and the sender's ``gx`` once. One extra block zeroes the rows of
   dropped edges (out-of-range indices), which no sender walks.
+* ``conv_atomic_backward``: the same gradients from a receiver walk (the forward's order): the
+  receiver's cotangent row is read once, each edge's sender row is gathered, and ``gx`` is
+  added to the sender's row with vector atomics (the caller zeroes it). Its ``gx`` sums run in
+  no fixed order, so it is not bitwise deterministic; it moves the gathered ``x`` rows through
+  L2 where ``conv_backward`` moves the (``DOUT / D1`` times wider) cotangent rows.
 
 Each computes the sums of a :class:`~.schedule.Sums`: by default the product (forward kinds)
 or its vector-Jacobian product (backward kinds); with substituted cotangents, the fused
@@ -45,7 +50,7 @@ from .schedule import LANES, Program, Sums, Term
 # while A is built) whose A tables and gy partials fit in it.
 SMEM_BUDGET = 64 * 1024
 MAX_THREADS = 1024
-KINDS = ("tp_forward", "tp_backward", "conv_forward", "conv_backward")
+KINDS = ("tp_forward", "tp_backward", "conv_forward", "conv_backward", "conv_atomic_backward")
 # C names by operand position (jequi.autodiff's (x, y, w, gz, ggx, ggy, ggw)): the kernel
 # parameter, the prefix of a lane's loaded values, and (y-like operands) the A table's.
 PARAM = {X: "x", Y: "y", W: "w", GZ: "gz", GGX: "ggx", GGY: "ggy", GGW: "ggw"}
@@ -111,6 +116,27 @@ def _store(row: str, index: str, values: list[str]) -> str:
     if len(values) == 1:
         return f"__stcs({row} + {index}, {values[0]});"
     return f"__stcs(reinterpret_cast<{_vtype(len(values))}*>({row} + {index}), MAKE{len(values)}({', '.join(values)}));"
+
+
+def _atomic_add(row: str, index: str, values: list[str]) -> str:
+    """An atomic add of adjacent `values` (``red_add`` of :data:`RED_ADD`)."""
+    if len(values) == 1:
+        return f"red_add({row} + {index}, {values[0]});"
+    return f"red_add(reinterpret_cast<{_vtype(len(values))}*>({row} + {index}), MAKE{len(values)}({', '.join(values)}));"
+
+
+# Reductions without a result (PTX red; atomicAdd compiles to atom, which returns the old
+# value); the vector forms need sm_90.
+RED_ADD = r"""
+__device__ __forceinline__ void red_add(float* p, float a) { asm volatile("red.global.add.f32 [%0], %1;" :: "l"(p), "f"(a)); }
+__device__ __forceinline__ void red_add(double* p, double a) { asm volatile("red.global.add.f64 [%0], %1;" :: "l"(p), "d"(a)); }
+__device__ __forceinline__ void red_add(float2* p, float2 a) {
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" :: "l"(p), "f"(a.x), "f"(a.y));
+}
+__device__ __forceinline__ void red_add(float4* p, float4 a) {
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" :: "l"(p), "f"(a.x), "f"(a.y), "f"(a.z), "f"(a.w));
+}
+""".strip().splitlines()
 
 
 def _table(pos: int) -> str:
@@ -204,6 +230,7 @@ class _Kernel:
         self.dtype = np.dtype(dtype)
         self.backward = kind.endswith("backward")
         self.conv = kind.startswith("conv")
+        self.atomic = kind == "conv_atomic_backward"
         self.sums = sums.of_kind(self.backward)
         self.needs_gx, self.needs_gy, self.needs_gw = self.sums.needs
         self.tables = self.sums.y_likes
@@ -240,6 +267,8 @@ class _Kernel:
         w(f"typedef T{self.vector} TV;")
         w("#define FULL 0xffffffffu")
         w(f"constexpr int K = {self.chunk}, D1 = {d1}, D2 = {d2}, DOUT = {dout}, NW = {self.desc.weight_numel}, G = {len(self.groups)};")
+        if self.atomic:
+            w(*RED_ADD)
         w("")
 
     def build_a(self, gi: int):
@@ -573,13 +602,14 @@ class _Kernel:
             if self.needs_gy:
                 w(f"gy += (b * G + group) * {edges} * D2;")
             if self.needs_gw:
-                parts = ("(num_senders + 1)" if self.conv else "(gridDim.x / G)") if self.shared else edges
+                walked = "(num_nodes + 1)" if self.atomic else "(num_senders + 1)"
+                parts = (walked if self.conv else "(gridDim.x / G)") if self.shared else edges
                 w(f"gw += b * {parts} * NW;")
         else:
             w(f"out += b * {'num_nodes' if self.conv else rows} * DOUT;")
         if self.conv:
             w("order += b * num_edges;", "other += b * num_edges;")
-            w(f"offsets += b * ({'num_nodes + 1' if not self.backward else 'num_senders + 2'});")
+            w(f"offsets += b * ({'num_senders + 2' if self.backward and not self.atomic else 'num_nodes + 1'});")
 
     def _programs(self, body):
         """Each program's code, run by its warps."""
@@ -687,10 +717,11 @@ class _Kernel:
             w("__syncthreads();")
             self.gy_finalize("n", "row0 + kk")
 
-    def conv_backward(self):
+    def _dropped_edges(self, node: str, last: str):
+        """The block of node `last` (one past the walked ones) zeroes the gradients of the
+        dropped edges (an index out of range), which no walk reaches, and returns."""
         w = self.w
-        w("const int s = node;", "const int start = offsets[s], end = offsets[s + 1];")
-        with w.block("if (s == num_senders)"):
+        with w.block(f"if ({node} == {last})"):
             w("// the dropped edges (an index out of range): zero gradients")
             with w.block(f"for (int k = start + warp; k < end; k += {self.g.warps})"):
                 w("const long long e = order[k];")
@@ -699,8 +730,13 @@ class _Kernel:
                 if self.needs_gw and not self.shared and self.gi == 0:
                     w("for (int j = lane; j < NW; j += 32) gw[e * NW + j] = 0;")
             if self.needs_gw and self.shared and self.gi == 0:
-                w("for (int j = threadIdx.x; j < NW; j += blockDim.x) gw[(long long)s * NW + j] = 0;")
+                w(f"for (int j = threadIdx.x; j < NW; j += blockDim.x) gw[(long long){node} * NW + j] = 0;")
             w("return;")
+
+    def conv_backward(self):
+        w = self.w
+        w("const int s = node;", "const int start = offsets[s], end = offsets[s + 1];")
+        self._dropped_edges("s", "num_senders")
 
         def body(q, p, names):
             self._declare_gx(p)
@@ -726,6 +762,43 @@ class _Kernel:
                     w("__syncthreads();")
             self._store_gx(p, "(gx + (long long)s * D1)")
             self._store_shared_gw(p, names, "(gw + (long long)s * NW)")
+
+        self._programs(body)
+
+
+    def _add_gx(self, p, row):
+        if self.needs_gx:
+            for seg in p.x_segments:
+                for offset, values in _vectors(seg, p.channels):
+                    names = [f"gx{seg.offset}_{i}_{c}" for i, c in values]
+                    self.w(f"if (active) {_atomic_add(row, f'bx{seg.offset} + {offset}', names)}")
+
+    def conv_atomic_backward(self):
+        w = self.w
+        w("const int r = node;", "const int start = offsets[r], end = r < num_nodes ? offsets[r + 1] : (int)num_edges;")
+        self._dropped_edges("r", "num_nodes")
+
+        def body(q, p, names):
+            self._declare_shared_gw(p, names)
+            for name, width, expr in self.g_loads(p, "(gz + (long long)r * DOUT)", False):
+                w(f"const {_vtype(width)} {name} = {expr};")
+            with w.block("for (int base = start; base < end; base += K)"):
+                w("const int n = min(K, end - base);")
+                self._chunk_a()
+
+                pointers = lambda k, sfx: self.operand_rows(sfx, f"(long long)s_node[{k}]", f"(long long)s_edge[{k}]")  # noqa: E731
+                def math():
+                    self.l2_prefetch(self.config.backward_l2_prefetch)
+                    self._declare_gx(p)
+                    self.backward_math(q, p, names, "(gw + (long long)s_edge[kk] * NW)", "(gyp + kk * GY)")
+                    self._add_gx(p, "(gx + (long long)s_node[kk] * D1)")
+
+                self.prefetched_loop(p, "n", pointers, lambda sfx: self.operand_loads(p, names, sfx, False), math)
+                w("__syncthreads();")
+                if self.needs_gy:
+                    self.gy_finalize("n", "s_edge[kk]")
+                    w("__syncthreads();")
+            self._store_shared_gw(p, names, "(gw + (long long)r * NW)")
 
         self._programs(body)
 

@@ -8,7 +8,8 @@
 // runs the handler, so they cannot happen at registration time).
 //
 // Kernel parameters: a pointer per argument buffer, then a pointer per result buffer, then the
-// int64 attribute array "scalars". Launch: block "threads" x 1 x 1, "smem" bytes of dynamic
+// int64 attribute array "scalars". Result i is zeroed before the launch where bit i of the
+// attribute "zero" is set (a kernel that adds into it with atomics). Launch: block "threads" x 1 x 1, "smem" bytes of dynamic
 // shared memory, grid ("grid_x", B, 1) where B = element_count(argument 0) / "unit": the batch
 // size, which grows when jax.vmap batches the call (vmap_method="broadcast_all").
 //
@@ -49,6 +50,7 @@ struct Driver {
   CUresult (*launch)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                      CUstream, void**, void**);
   CUresult (*error_string)(CUresult, const char**);
+  CUresult (*memset_async)(unsigned long long, unsigned char, size_t, CUstream);
   std::string error;
 };
 
@@ -75,6 +77,7 @@ const Driver& GetDriver() {
     Load(lib, "cuFuncSetAttribute", &d.set_attribute, &d.error);
     Load(lib, "cuLaunchKernel", &d.launch, &d.error);
     Load(lib, "cuGetErrorString", &d.error_string, &d.error);
+    Load(lib, "cuMemsetD8Async", &d.memset_async, &d.error);
     return d;
   }();
   return driver;
@@ -120,7 +123,8 @@ ffi::ErrorOr<CUfunction> Function(const Driver& d, Kernel* kernel, CUstream stre
 }
 
 ffi::Error Launch(cudaStream_t stream, ffi::RemainingArgs args, ffi::RemainingRets rets, std::string_view name,
-                  int64_t grid_x, int64_t unit, int64_t threads, int64_t smem, ffi::Span<const int64_t> scalars) {
+                  int64_t grid_x, int64_t unit, int64_t threads, int64_t smem, int64_t zero,
+                  ffi::Span<const int64_t> scalars) {
   const Driver& d = GetDriver();
   if (!d.error.empty()) return ffi::Error::Internal("jequi: " + d.error);
   Kernel* kernel = nullptr;
@@ -144,6 +148,11 @@ ffi::Error Launch(cudaStream_t stream, ffi::RemainingArgs args, ffi::RemainingRe
     auto buffer = rets.get<ffi::AnyBuffer>(i);
     if (!buffer) return buffer.error();
     pointers.push_back((*buffer)->untyped_data());
+    if ((zero >> i) & 1) {
+      CUresult status = d.memset_async(reinterpret_cast<unsigned long long>((*buffer)->untyped_data()), 0,
+                                       (*buffer)->size_bytes(), stream);
+      if (status != 0) return DriverError(d, status, "cuMemsetD8Async");
+    }
   }
   if (batch == 0 || grid_x == 0) return ffi::Error::Success();
   std::vector<int64_t> values(scalars.begin(), scalars.end());
@@ -179,4 +188,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JequiLaunch, Launch,
                                   .Attr<int64_t>("unit")
                                   .Attr<int64_t>("threads")
                                   .Attr<int64_t>("smem")
+                                  .Attr<int64_t>("zero")
                                   .Attr<ffi::Span<const int64_t>>("scalars"));

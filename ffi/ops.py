@@ -70,11 +70,11 @@ def _struct(shape, dtype):
     return jax.ShapeDtypeStruct(tuple(shape), dtype)
 
 
-def _call(k, arrays, outs, grid_x, scalars, indices=()):
+def _call(k, arrays, outs, grid_x, scalars, indices=(), zero=()):
     """Run `k` on the operands it takes from ``arrays = (x, y, w, gz, ggx, ggy, ggw)`` (a
-    prefix of it where the rest is not read), then `indices`."""
+    prefix of it where the rest is not read), then `indices`; results `zero` start at zero."""
     operands = [arrays[pos] for pos in k.arrays]
-    return build.call(k, (*operands, *indices), outs, grid_x, arrays[0].size, scalars)
+    return build.call(k, (*operands, *indices), outs, grid_x, arrays[0].size, scalars, zero)
 
 
 def forward_sum(desc, arrays, triples=FORWARD.out):
@@ -133,19 +133,25 @@ def conv_forward_sum(desc, arrays, graph, triples=FORWARD.out):
     return _call(k, arrays, out, graph.num_nodes * k.groups, scalars, indices)
 
 
-def conv_backward_sum(desc, arrays, graph, pairs=BACKWARD_PAIRS):
+def conv_backward_sum(desc, arrays, graph, pairs=BACKWARD_PAIRS, atomic: bool = False):
     """:func:`backward_sum` of the fused convolution over `graph`: ``gx`` per sender, ``gy``
-    and ``gw`` per edge."""
+    and ``gw`` per edge. `atomic`: from a receiver walk that adds ``gx`` with atomics (fewer
+    bytes through L2, not bitwise deterministic; ``codegen``'s ``conv_atomic_backward``)."""
     x, _, w = arrays[:3]
     d1, d2, _ = desc.dims
     shared = w.ndim == 1
     sums = Sums((), *pairs)
-    k = kernel(desc, x.dtype, "conv_backward", sums, shared)
+    k = kernel(desc, x.dtype, "conv_atomic_backward" if atomic else "conv_backward", sums, shared)
     ns, e = graph.num_senders, graph.num_edges
-    shapes = [(ns, d1), (k.groups, e, d2), (ns + 1, desc.weight_numel) if shared else (e, desc.weight_numel)]
+    walked = graph.num_nodes if atomic else ns  # blocks: one per walked node and one for the dropped edges
+    shapes = [(ns, d1), (k.groups, e, d2), (walked + 1, desc.weight_numel) if shared else (e, desc.weight_numel)]
     outs = [_struct(s, x.dtype) for s, need in zip(shapes, sums.needs) if need]
-    indices = (graph.sender_order, graph.sender_receivers, graph.sender_offsets)
-    results = _call(k, arrays, outs, (ns + 1) * k.groups, [graph.num_nodes, ns, e], indices)
+    if atomic:
+        indices = (graph.receiver_order, graph.receiver_senders, graph.receiver_offsets)
+    else:
+        indices = (graph.sender_order, graph.sender_receivers, graph.sender_offsets)
+    zero = (0,) if atomic and sums.needs[0] else ()
+    results = _call(k, arrays, outs, (walked + 1) * k.groups, [graph.num_nodes, ns, e], indices, zero)
     return _gradients(k, sums.needs, results, shared)
 
 
@@ -153,5 +159,5 @@ def conv_forward(desc, x, y, w, graph):
     return conv_forward_sum(desc, (x, y, w), graph)
 
 
-def conv_backward(desc, x, y, w, gout, graph, needs=(True, True, True)):
-    return conv_backward_sum(desc, (x, y, w, gout), graph, Sums.gradients(needs).pairs)
+def conv_backward(desc, x, y, w, gout, graph, needs=(True, True, True), atomic: bool = False):
+    return conv_backward_sum(desc, (x, y, w, gout), graph, Sums.gradients(needs).pairs, atomic)

@@ -32,7 +32,7 @@ def tp():
     return jequi.problems.get("nequip-water")
 
 
-BACKENDS = ["xla", "pallas"] + (["cuda"] if "cuda" in jequi.available_backends() else [])
+BACKENDS = ["xla", "pallas"] + (["cuda", "cuda-atomic"] if "cuda" in jequi.available_backends() else [])
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

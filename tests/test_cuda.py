@@ -153,6 +153,11 @@ COMPILE_CASES = [
     ("uvu-in2-mul", np.float64, "conv_forward", SECOND, True),
     ("wide", np.float32, "conv_backward", SECOND, False),
     ("vec", np.float64, "tp_backward", SECOND, True),
+    ("uvu", np.float64, "conv_atomic_backward", (True, True, True), True),
+    ("vec", np.float32, "conv_atomic_backward", (True, True, True), False),
+    ("vec-ir_mul", np.float32, "conv_atomic_backward", (True, False, True), False),
+    ("wide", np.float32, "conv_atomic_backward", SECOND, False),
+    ("vec-ir_mul", np.float64, "conv_atomic_backward", SECOND_BENCH, True),
 ]
 
 
@@ -187,11 +192,15 @@ def _graph(rng, tp, n, e, dtype, shared=False):
     return x, y, w, rng.integers(0, n, e), rng.integers(0, n, e)
 
 
+# the conv backends (cuda-atomic: the backward walks receivers and adds gx with atomics)
+CONV_CASES = [(name, "cuda") for name in PROBLEMS] + [(name, "cuda-atomic") for name in PROBLEMS if name != "nequix-first"]
+
+
 @gpu
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("shared", [False, True])
-@pytest.mark.parametrize("name", list(PROBLEMS))
-def test_conv_values_and_gradients(name, shared, dtype):
+@pytest.mark.parametrize("name, backend", CONV_CASES)
+def test_conv_values_and_gradients(name, backend, shared, dtype):
     tp = PROBLEMS[name]()
     rng = np.random.default_rng(3)
     n, e = 150, 2500
@@ -199,9 +208,9 @@ def test_conv_values_and_gradients(name, shared, dtype):
     s[:3], r[3:5] = [n, -1, n + 7], [n, -3]  # dropped edges
     r[10:300] = 7  # a hub with chunks of several edges
     conv = lambda b: lambda x, y, w: tp.conv(x, y, w, s, r, n, backend=b)  # noqa: E731
-    assert_close(conv("cuda")(x, y, w), conv("xla")(x, y, w), TOL[dtype], "forward")
+    assert_close(conv(backend)(x, y, w), conv("xla")(x, y, w), TOL[dtype], "forward")
     loss = lambda b: lambda x, y, w: jnp.sum(jnp.sin(conv(b)(x, y, w)))  # noqa: E731
-    ours = jax.grad(loss("cuda"), argnums=(0, 1, 2))(x, y, w)
+    ours = jax.grad(loss(backend), argnums=(0, 1, 2))(x, y, w)
     for a, b, what in zip(ours, jax.grad(loss("xla"), argnums=(0, 1, 2))(x, y, w), "xyw"):
         assert_close(a, b, TOL[dtype], f"d/d{what}")
     if not shared:
@@ -209,8 +218,9 @@ def test_conv_values_and_gradients(name, shared, dtype):
 
 
 @gpu
+@pytest.mark.parametrize("backend", ["cuda", "cuda-atomic"])
 @pytest.mark.parametrize("name", ["uvu", "mace-large"] if ON_GPU else [])
-def test_second_and_third_order(name):
+def test_second_and_third_order(name, backend):
     tp = PROBLEMS[name]()
     rng = np.random.default_rng(4)
     n, e = 60, 700
@@ -223,7 +233,7 @@ def test_second_and_third_order(name):
         third = jax.grad(lambda *a: sum(jnp.sum(jnp.cos(g)) for g in second(*a)), argnums=(0, 1))
         return (*second(x, y, w), *third(x, y, w))
 
-    for a, b in zip(derivatives("cuda"), derivatives("xla")):
+    for a, b in zip(derivatives(backend), derivatives("xla")):
         assert_close(a, b, 1e-10)
 
 
@@ -240,12 +250,26 @@ def test_second_order_sums_name_their_operands():
     assert "build_a" not in gy_only.source.split("jequi_tp_backward")[1]
 
 
+def test_atomic_conv_backward_walks_receivers():
+    """The atomic conv backward reads each receiver's cotangent row once (not per edge),
+    gathers each edge's sender row and adds ``gx`` to it with vector reductions; the
+    deterministic one reads the cotangent row per edge and stores each sender's ``gx`` once."""
+    desc = PROBLEMS["vec-ir_mul"]().descriptor.trilinear
+    atomic = codegen.generate(desc, np.float32, "conv_atomic_backward").source
+    plain = codegen.generate(desc, np.float32, "conv_backward").source
+    assert "(gz + (long long)r * DOUT)" in atomic and "const T* gr_n = gz + " not in atomic
+    assert "const T* xr_n = x + (long long)s_node[" in atomic
+    assert "red_add(reinterpret_cast<T4*>((gx + (long long)s_node[kk] * D1)" in atomic and "__stcs(reinterpret_cast<T4*>((gx" not in atomic
+    assert "const T* gr_n = gz + " in plain and "red_add" not in plain
+
+
 @gpu
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("shared", [False, True])
 @pytest.mark.parametrize("conv", [False, True])
 @pytest.mark.parametrize("name", ["uvu", "uvu-in2-mul", "wide", "vec-ir_mul", "mace-large-ir_mul"] if ON_GPU else [])
-def test_fused_double_backward_every_term(name, conv, shared, dtype):
+@pytest.mark.parametrize("backend", ["cuda", "cuda-atomic"])
+def test_fused_double_backward_every_term(backend, name, conv, shared, dtype):
     """The VJP of the backward in all of (x, y, w, gz) with all three cotangents nonzero: the
     fused double backward's kernels over every term of the seven-op identity (``dgz`` over
     three triples, each gradient over two pairs), against the reference."""
@@ -267,12 +291,15 @@ def test_fused_double_backward_every_term(name, conv, shared, dtype):
 
         return jax.jit(lambda *a: jax.vjp(backward, *a)[1](tuple(cts)))(x, y, w, gz)
 
-    for a, b, what in zip(second("cuda"), second("xla"), ["dx", "dy", "dw", "dgz"]):
+    if backend == "cuda-atomic" and not conv:
+        pytest.skip("the batched product runs the cuda backend's kernels")
+    for a, b, what in zip(second(backend), second("xla"), ["dx", "dy", "dw", "dgz"]):
         assert_close(a, b, 20 * TOL[dtype], what)
 
 
 @gpu
-def test_force_training_step_matches():
+@pytest.mark.parametrize("backend", ["cuda", "cuda-atomic"])
+def test_force_training_step_matches(backend):
     """The shape of force training: a loss on the gradient with respect to y (the
     spherical harmonics, which carry the positions), differentiated by x and w, equals the
     reference's (second order, with y unperturbed at the outer level)."""
@@ -285,7 +312,7 @@ def test_force_training_step_matches():
         grad_y = jax.grad(lambda y: jnp.sum(tp.conv(x, y, w, s, r, n, backend=backend) ** 2))(y)
         return jnp.sum(grad_y**2)
 
-    for a, b in zip(jax.grad(functools.partial(loss, "cuda"), argnums=(0, 1))(x, w), jax.grad(functools.partial(loss, "xla"), argnums=(0, 1))(x, w)):
+    for a, b in zip(jax.grad(functools.partial(loss, backend), argnums=(0, 1))(x, w), jax.grad(functools.partial(loss, "xla"), argnums=(0, 1))(x, w)):
         assert_close(a, b, 1e-10)
 
 
@@ -307,8 +334,9 @@ def test_vmap_over_rows_and_graphs():
     conv = lambda b: jax.vmap(lambda x, y, w, g: tp.conv(x, y, w, g, backend=b))  # noqa: E731
     assert_close(conv("cuda")(x, y, w, graphs), conv("xla")(x, y, w, graphs), 1e-12)
     grad = lambda b: jax.grad(lambda x, w: jnp.sum(jnp.sin(conv(b)(x, y, w, graphs))), argnums=(0, 1))  # noqa: E731
-    for a, b in zip(grad("cuda")(x, w), grad("xla")(x, w)):
-        assert_close(a, b, 1e-12)
+    for backend in ("cuda", "cuda-atomic"):
+        for a, b in zip(grad(backend)(x, w), grad("xla")(x, w)):
+            assert_close(a, b, 1e-12)
 
 
 @gpu

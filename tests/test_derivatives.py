@@ -18,6 +18,7 @@ from jequi.backends import xla
 # the cuda backends run on a GPU only (tests/test_cuda.py covers them further)
 ON_CUDA = pytest.mark.skipif("cuda" not in jequi.available_backends(), reason="needs a CUDA GPU and nvcc")
 BACKENDS = ["xla", "pallas", pytest.param("cuda", marks=ON_CUDA), pytest.param("pallas+cuda", marks=ON_CUDA)]
+CONV_BACKENDS = [*BACKENDS, pytest.param("cuda-atomic", marks=ON_CUDA)]  # differs from cuda in the conv only
 
 PROBLEMS = {
     "channelwise": lambda: jequi.channelwise("4x0e+3x1o+2x2e", "0e+1o+2e", "0e+1o+2e+3o"),
@@ -103,7 +104,7 @@ def test_second_order_with_symbolic_zero_cotangents():
         assert_close(a, b, 1e-10)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", CONV_BACKENDS)
 @pytest.mark.parametrize("order", [first, second, third])
 def test_conv_derivatives(order, backend):
     tp = PROBLEMS["channelwise"]()

@@ -5,7 +5,8 @@ A backend is a set of four functions taking the descriptor first:
 ``conv_forward(desc, x, y, w, graph[, kahan])`` and
 ``conv_backward(desc, x, y, w, gout, graph, needs[, kahan])`` (``graph`` a :class:`jequi.Graph`;
 ``kahan`` only where ``supports_kahan``). ``"pallas+cuda"`` takes its forward kernels from
-the Pallas backend and its backward ones from the cuda backend. ``needs`` (three bools, default all True) says
+the Pallas backend and its backward ones from the cuda backend; ``"cuda-atomic"`` is the cuda
+backend with a conv backward that adds ``gx`` with atomics (faster, not bitwise reproducible). ``needs`` (three bools, default all True) says
 which of ``(gx, gy, gw)`` a backward computes; it returns None for the others.
 Inputs are flat: ``x (N, in1.dim)``, ``y (N, in2.dim)``, ``w (N, weight_numel)`` or shared
 ``(weight_numel,)``, all of one floating dtype. Derivatives of every order are built from
@@ -16,6 +17,7 @@ these by :mod:`jequi.autodiff`; a backend may add a fused double backward (``sec
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Callable
 
 import jax
@@ -54,6 +56,15 @@ BACKENDS: dict[str, Backend] = {
         available=cuda.available, second=cuda.second, conv_second=cuda.conv_second,
     ),
 }
+
+
+# The cuda backend with the conv's backward kernels walking receivers and adding gx with atomics
+# (jequi.backends.cuda.conv_backward): opt-in, since its gx is not bitwise reproducible.
+BACKENDS["cuda-atomic"] = dataclasses.replace(
+    BACKENDS["cuda"], name="cuda-atomic",
+    conv_backward=functools.partial(cuda.conv_backward, atomic=True),
+    conv_second=functools.partial(cuda.conv_second, atomic=True),
+)  # fmt: skip
 
 
 def _check_pallas_and_cuda(desc):

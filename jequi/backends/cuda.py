@@ -44,11 +44,12 @@ def second(desc, spec, arrays):
     return spec.evaluate(lambda triples: ffi.forward_sum(desc, arrays, triples), lambda pairs: ffi.backward_sum(desc, arrays, pairs))
 
 
-def conv_second(desc, spec, arrays, graph):
-    """:func:`second` of the conv: ``dgz`` walks receivers, ``dx, dy, dw`` senders."""
+def conv_second(desc, spec, arrays, graph, atomic: bool = False):
+    """:func:`second` of the conv: ``dgz`` walks receivers, ``dx, dy, dw`` senders (receivers
+    too where `atomic`, see :func:`conv_backward`)."""
     return spec.evaluate(
         lambda triples: ffi.conv_forward_sum(desc, arrays, graph, triples),
-        lambda pairs: ffi.conv_backward_sum(desc, arrays, graph, pairs),
+        lambda pairs: ffi.conv_backward_sum(desc, arrays, graph, pairs, atomic),
     )
 
 
@@ -56,5 +57,9 @@ def conv_forward(desc, x, y, w, graph):
     return ffi.conv_forward(desc, x, y, w, graph)
 
 
-def conv_backward(desc, x, y, w, gout, graph, needs=ALL):
-    return ffi.conv_backward(desc, x, y, w, gout, graph, needs)
+def conv_backward(desc, x, y, w, gout, graph, needs=ALL, atomic: bool = False):
+    """The conv's backward: deterministic (each sender's ``gx`` summed on chip over its edges,
+    every edge's cotangent row gathered), or with `atomic` from the forward's receiver walk
+    (each receiver's cotangent row read once, ``gx`` added to the senders' rows with atomics:
+    faster where the output is much wider than ``x``, but ``gx`` is not bitwise reproducible)."""
+    return ffi.conv_backward(desc, x, y, w, gout, graph, needs, atomic)
