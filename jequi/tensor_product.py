@@ -208,6 +208,11 @@ class TensorProduct:
 
         ``kahan=True`` (``backend="pallas"``): compensated summation of each node's sums, for
         f32 accuracy on high-degree nodes.
+
+        The ``pallas`` and ``cuda`` convs are bitwise reproducible from run to run;
+        ``"cuda-atomic"`` (GPU, channelwise products) adds the backward's ``gx`` with
+        atomics: faster on wide products such as MACE's (see README, Speed), not reproducible
+        bit for bit.
         """
         x, y, w, wrap = self._inputs(x, y, w)
         b = backends.resolve(backend, self.descriptor.trilinear, w.ndim == 1, conv=True)
