@@ -24,23 +24,21 @@ D1, DOUT, NW = 1152, 9088, 2176
 
 SOURCE = r"""
 typedef %(T)s T;
-extern "C" __global__ void gather_gz(const T* __restrict__ gz, const int* __restrict__ other,
-                                     const int* __restrict__ offsets, T* __restrict__ out) {
-  const int s = blockIdx.x; T acc = 0;
-  for (int k = offsets[s]; k < offsets[s + 1]; ++k) {
-    const T* row = gz + (long long)other[k] * DOUT;
-    for (int j = threadIdx.x; j < DOUT; j += blockDim.x) acc += __ldg(row + j);
+template <int D>  // per edge of each node's walk, the other node's row of D values, summed
+__device__ void gather(const T* __restrict__ rows, const int* __restrict__ other, const int* __restrict__ offsets,
+                       T* __restrict__ out) {
+  const int node = blockIdx.x; T acc = 0;
+  for (int k = offsets[node]; k < offsets[node + 1]; ++k) {
+    const T* row = rows + (long long)other[k] * D;
+    for (int j = threadIdx.x; j < D; j += blockDim.x) acc += __ldg(row + j);
   }
-  out[s * blockDim.x + threadIdx.x] = acc;
+  out[node * blockDim.x + threadIdx.x] = acc;
 }
-extern "C" __global__ void gather_x(const T* __restrict__ x, const int* __restrict__ other,
-                                    const int* __restrict__ offsets, T* __restrict__ out) {
-  const int r = blockIdx.x; T acc = 0;
-  for (int k = offsets[r]; k < offsets[r + 1]; ++k) {
-    const T* row = x + (long long)other[k] * D1;
-    for (int j = threadIdx.x; j < D1; j += blockDim.x) acc += __ldg(row + j);
-  }
-  out[r * blockDim.x + threadIdx.x] = acc;
+extern "C" __global__ void gather_gz(const T* gz, const int* other, const int* offsets, T* out) {
+  gather<DOUT>(gz, other, offsets, out);
+}
+extern "C" __global__ void gather_x(const T* x, const int* other, const int* offsets, T* out) {
+  gather<D1>(x, other, offsets, out);
 }
 extern "C" __global__ void atomic_gx(T* __restrict__ gx, const int* __restrict__ other,
                                      const int* __restrict__ offsets) {

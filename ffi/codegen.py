@@ -659,20 +659,28 @@ class _Kernel:
 
         def body(q, p, names):
             self.declare_acc(p)
-            with w.block("for (int base = start; base < end; base += K)"):
-                w("const int n = min(K, end - base);")
-                self._chunk_a()
 
-                pointers = lambda k, sfx: self.operand_rows(sfx, f"(long long)s_node[{k}]", f"(long long)s_edge[{k}]")  # noqa: E731
-                def math():
-                    self.l2_prefetch(self.config.l2_prefetch)
-                    self.forward_math(p, names)
+            def math():
+                self.l2_prefetch(self.config.l2_prefetch)
+                self.forward_math(p, names)
 
-                self.prefetched_loop(p, "n", pointers, lambda sfx: self.operand_loads(p, names, sfx, False), math)
-                w("__syncthreads();")
+            self._receiver_walk(p, names, math)
             self.store_acc(p, "(out + (long long)r * DOUT)")
 
         self._programs(body)
+
+    def _receiver_walk(self, p: Program, names: _Names, math, after_chunk=lambda: None):
+        """Receiver ``r``'s edges in chunks (their ``A`` tables built per chunk): `math` per
+        edge, the edge's sender (``x``-like) and weight rows loaded one edge ahead;
+        `after_chunk` after each chunk's barrier."""
+        w = self.w
+        with w.block("for (int base = start; base < end; base += K)"):
+            w("const int n = min(K, end - base);")
+            self._chunk_a()
+            pointers = lambda k, sfx: self.operand_rows(sfx, f"(long long)s_node[{k}]", f"(long long)s_edge[{k}]")  # noqa: E731
+            self.prefetched_loop(p, "n", pointers, lambda sfx: self.operand_loads(p, names, sfx, False), math)
+            w("__syncthreads();")
+            after_chunk()
 
     def _declare_gx(self, p):
         if self.needs_gx:
@@ -782,22 +790,19 @@ class _Kernel:
             self._declare_shared_gw(p, names)
             for name, width, expr in self.g_loads(p, "(gz + (long long)r * DOUT)", False):
                 w(f"const {_vtype(width)} {name} = {expr};")
-            with w.block("for (int base = start; base < end; base += K)"):
-                w("const int n = min(K, end - base);")
-                self._chunk_a()
 
-                pointers = lambda k, sfx: self.operand_rows(sfx, f"(long long)s_node[{k}]", f"(long long)s_edge[{k}]")  # noqa: E731
-                def math():
-                    self.l2_prefetch(self.config.backward_l2_prefetch)
-                    self._declare_gx(p)
-                    self.backward_math(q, p, names, "(gw + (long long)s_edge[kk] * NW)", "(gyp + kk * GY)")
-                    self._add_gx(p, "(gx + (long long)s_node[kk] * D1)")
+            def math():
+                self.l2_prefetch(self.config.backward_l2_prefetch)
+                self._declare_gx(p)
+                self.backward_math(q, p, names, "(gw + (long long)s_edge[kk] * NW)", "(gyp + kk * GY)")
+                self._add_gx(p, "(gx + (long long)s_node[kk] * D1)")
 
-                self.prefetched_loop(p, "n", pointers, lambda sfx: self.operand_loads(p, names, sfx, False), math)
-                w("__syncthreads();")
+            def gy_rows():
                 if self.needs_gy:
                     self.gy_finalize("n", "s_edge[kk]")
                     w("__syncthreads();")
+
+            self._receiver_walk(p, names, math, gy_rows)
             self._store_shared_gw(p, names, "(gw + (long long)r * NW)")
 
         self._programs(body)
