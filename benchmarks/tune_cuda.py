@@ -6,14 +6,14 @@ schedule knobs (GPU run, device tool).
         [--forward-registers 64] [--batched-forward-registers 128] [--backward-values 128]
         [--prefetch 64,0] [--min-warps 16,0] [--l2-prefetch 4,0] [--block-warps 8] [--channels 1,4]
         [--smem-budget 65536] [--spill-bytes 64,128] [--second fused,composed]
-        [--no-conv] [--no-backward]
+        [--no-conv] [--no-backward] [--conv-dbl]
 
 Knobs: the fields of ``ffi.schedule.Config`` (comma lists are swept),
-``ffi.codegen.SMEM_BUDGET`` and ``ffi.ops.SPILL_BYTES``. Prints, per product and setting, the conv's fwd and fwd+bwd ms
-(tune_conv.py's timings), the batched product's with ``--tp-batch``, its double backward with
-``--dbl-batch`` (``--second composed``: the cuda backend's double backward composed from
-forward and backward calls instead of its fused kernels), and the registers of each
-generated kernel.
+``ffi.codegen.SMEM_BUDGET`` and ``ffi.ops.SPILL_BYTES``. Prints, per product and setting,
+the conv's fwd and fwd+bwd ms (tune_conv.py's timings), the batched product's with
+``--tp-batch``, its double backward with ``--dbl-batch`` and the conv's with ``--conv-dbl``
+(``--second composed``: the cuda backends' double backward composed from forward and
+backward calls instead of their fused kernels), and the registers of each generated kernel.
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ def main():
     ap.add_argument("--tp-batch", type=int, default=0)
     ap.add_argument("--dbl-batch", type=int, default=0)
     ap.add_argument("--conv", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--conv-dbl", action="store_true", help="also the conv's double backward (tune_conv.time_dbl)")
     ap.add_argument("--backward", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--smem-budget", default=str(codegen.SMEM_BUDGET))
     ap.add_argument("--spill-bytes", default=str(ops.SPILL_BYTES))
@@ -93,7 +94,9 @@ def main():
                 line = f"{name} {layout} {a.dtype} {label}:"
                 try:
                     if a.conv:
-                        line += " conv" + time_both(lambda x, y, w: tp.conv(x, y, w, graph, backend=backend), g, (x, y, w), a.backward)
+                        conv = lambda x, y, w: tp.conv(x, y, w, graph, backend=backend)  # noqa: E731
+                        line += " conv" + time_both(conv, g, (x, y, w), a.backward)
+                        line += time_dbl(conv, g, (x, y, w)) if a.conv_dbl else ""
                     if b:
                         line += " tp" + time_both(lambda x, y, w: tp(x, y, w, backend=backend), bg, (bx, by, bw), a.backward)
                     if a.dbl_batch:
