@@ -111,18 +111,12 @@ def _load(row: str, index: str, stream: bool, width: int = 1) -> str:
     return f"__ldcs({address})" if stream else f"__ldg({address})"
 
 
-def _store(row: str, index: str, values: list[str]) -> str:
-    """A streaming store of adjacent `values` (one vector store)."""
+def _store(row: str, index: str, values: list[str], fn: str = "__stcs") -> str:
+    """A streaming store of adjacent `values` (one vector store), or with `fn` ``"red_add"``
+    an atomic add of them (:data:`RED_ADD`)."""
     if len(values) == 1:
-        return f"__stcs({row} + {index}, {values[0]});"
-    return f"__stcs(reinterpret_cast<{_vtype(len(values))}*>({row} + {index}), MAKE{len(values)}({', '.join(values)}));"
-
-
-def _atomic_add(row: str, index: str, values: list[str]) -> str:
-    """An atomic add of adjacent `values` (``red_add`` of :data:`RED_ADD`)."""
-    if len(values) == 1:
-        return f"red_add({row} + {index}, {values[0]});"
-    return f"red_add(reinterpret_cast<{_vtype(len(values))}*>({row} + {index}), MAKE{len(values)}({', '.join(values)}));"
+        return f"{fn}({row} + {index}, {values[0]});"
+    return f"{fn}(reinterpret_cast<{_vtype(len(values))}*>({row} + {index}), MAKE{len(values)}({', '.join(values)}));"
 
 
 # Reductions without a result (PTX red; atomicAdd compiles to atom, which returns the old
@@ -346,12 +340,13 @@ class _Kernel:
             lines.append(f"const T* gr{sfx} = gz + {g_row} * DOUT;")
         return lines + [f"const T* {VALUE[pos]}r{sfx} = {PARAM[pos]} + {w_row} * NW;" for pos in self.sums.w_likes]
 
-    def store_segments(self, segments, base: str, row: str, value, v: int):
-        """Store `value(segment, component, channel)` (a C name) of each of the lane's channels
-        of `segments` (``{base}{offset}``: the lane's first element of each), by vectors."""
+    def store_segments(self, segments, base: str, row: str, value, v: int, fn: str = "__stcs"):
+        """Store (:func:`_store`'s `fn`) `value(segment, component, channel)` (a C name) of
+        each of the lane's channels of `segments` (``{base}{offset}``: the lane's first element
+        of each), by vectors."""
         for s in segments:
             for offset, values in _vectors(s, v):
-                self.w(f"if (active) {_store(row, f'{base}{s.offset} + {offset}', [value(s, i, c) for i, c in values])}")
+                self.w(f"if (active) {_store(row, f'{base}{s.offset} + {offset}', [value(s, i, c) for i, c in values], fn)}")
 
     def load_a(self, t: Term, names: _Names, pos: int) -> list[str]:
         """Vector loads of term `t`'s entries of the ``A`` table of operand `pos` (the current
@@ -691,9 +686,9 @@ class _Kernel:
         if self.needs_gw and self.shared:
             self.w(f"T {', '.join(f'gw{names.term[id(t)]}_{c} = 0' for t in p.terms for c in range(p.channels))};")
 
-    def _store_gx(self, p, row):
+    def _store_gx(self, p, row, fn: str = "__stcs"):
         if self.needs_gx:
-            self.store_segments(p.x_segments, "bx", row, lambda s, i, c: f"gx{s.offset}_{i}_{c}", p.channels)
+            self.store_segments(p.x_segments, "bx", row, lambda s, i, c: f"gx{s.offset}_{i}_{c}", p.channels, fn)
 
     def _store_shared_gw(self, p, names, row):
         if self.needs_gw and self.shared:
@@ -773,14 +768,6 @@ class _Kernel:
 
         self._programs(body)
 
-
-    def _add_gx(self, p, row):
-        if self.needs_gx:
-            for seg in p.x_segments:
-                for offset, values in _vectors(seg, p.channels):
-                    names = [f"gx{seg.offset}_{i}_{c}" for i, c in values]
-                    self.w(f"if (active) {_atomic_add(row, f'bx{seg.offset} + {offset}', names)}")
-
     def conv_atomic_backward(self):
         w = self.w
         w("const int r = node;", "const int start = offsets[r], end = r < num_nodes ? offsets[r + 1] : (int)num_edges;")
@@ -795,7 +782,7 @@ class _Kernel:
                 self.l2_prefetch(self.config.backward_l2_prefetch)
                 self._declare_gx(p)
                 self.backward_math(q, p, names, "(gw + (long long)s_edge[kk] * NW)", "(gyp + kk * GY)")
-                self._add_gx(p, "(gx + (long long)s_node[kk] * D1)")
+                self._store_gx(p, "(gx + (long long)s_node[kk] * D1)", "red_add")
 
             def gy_rows():
                 if self.needs_gy:

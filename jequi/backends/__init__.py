@@ -6,8 +6,9 @@ A backend is a set of four functions taking the descriptor first:
 ``conv_backward(desc, x, y, w, gout, graph, needs[, kahan])`` (``graph`` a :class:`jequi.Graph`;
 ``kahan`` only where ``supports_kahan``). ``"pallas+cuda"`` takes its forward kernels from
 the Pallas backend and its backward ones from the cuda backend; ``"cuda-atomic"`` is the cuda
-backend with a conv backward that adds ``gx`` with atomics (faster, not bitwise reproducible). ``needs`` (three bools, default all True) says
-which of ``(gx, gy, gw)`` a backward computes; it returns None for the others.
+backend with a conv backward that adds ``gx`` with atomics (faster, not bitwise
+reproducible). ``needs`` (three bools, default all True) says which of ``(gx, gy, gw)`` a
+backward computes; it returns None for the others.
 Inputs are flat: ``x (N, in1.dim)``, ``y (N, in2.dim)``, ``w (N, weight_numel)`` or shared
 ``(weight_numel,)``, all of one floating dtype. Derivatives of every order are built from
 these by :mod:`jequi.autodiff`; a backend may add a fused double backward (``second``,
