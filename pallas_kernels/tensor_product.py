@@ -724,11 +724,6 @@ def forward_sum(desc, arrays, *, terms=FORWARD_TERMS):
     return z.reshape(n, do)
 
 
-def forward(desc, x, y, w):
-    """``z (N, out.dim)`` from ``x (N, in1.dim)``, ``y (N, in2.dim)``, ``w (N, nw)`` or ``(nw,)``."""
-    return forward_sum(desc, (x, y, w))
-
-
 def needed_outputs(needs, shapes) -> tuple[list, callable]:
     """The output shapes of a backward kernel that computes `needs` (of ``(gx, gy, gw)``,
     whose shapes are `shapes`) and ``unpack(refs or arrays) -> (gx, gy, gw)`` with None for
@@ -824,9 +819,3 @@ def backward_sum(desc, g, arrays, *, terms, shared_weights: bool):
         gy,
         gw,
     )
-
-
-def backward(desc, x, y, w, gz, needs=ALL):
-    """``(gx, gy, gw)``, None for those not flagged in `needs`; shared weights get ``gw``
-    summed over rows."""
-    return backward_sum(desc, gz, (x, y, w), terms=backward_terms(needs), shared_weights=w.ndim == 1)

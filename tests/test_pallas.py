@@ -30,6 +30,9 @@ PROBLEMS = {
     "uuw": lambda: jequi.TensorProduct("3x1o", "3x1e", "5x1o", [(0, 0, 0, "uuw", True)]),
     "l6": lambda: jequi.channelwise("2x6e", "0e+1o+6e", "0e+5o+6e"),
     "uvu-ir_mul": lambda: jequi.channelwise("3x0e+2x1o+5x2e", "0e+1o+2e", "0e+1o+2e+3o", layout="ir_mul"),
+    # one-channel inputs: pallas_kernels.row_blocks
+    "uvw-rows": lambda: jequi.fully_connected("0e+1o+2e", "0e+1o", "3x0e+2x1o+2x1e+2x2e"),
+    "uvw-rows-ir_mul": lambda: jequi.fully_connected("0e+1o+2e", "0e+1o", "3x0e+2x1o+2x1e+2x2e", layout="ir_mul"),
 }
 if ON_GPU:
     for n in ("mace-large", "nequip-oam-main", "nequix-first", "diffdock-l2", "tetris-poly-1", "tetris-1-sc"):
@@ -47,7 +50,7 @@ def test_forward_and_backward(name, shared, dtype):
     check_batched(PROBLEMS[name](), "pallas", BATCH, dtype, shared, TOL[dtype])
 
 
-@pytest.mark.parametrize("name", ["uvu", "uvw"])
+@pytest.mark.parametrize("name", ["uvu", "uvw", "uvw-rows"])
 def test_double_backward(name):
     tp = PROBLEMS[name]()
     x, y, w = random_inputs(tp, BATCH)
@@ -148,6 +151,7 @@ SECOND_ORDER_CASES = [(name, op, False, "all") for name in ("uvu", "uvw", "uuu+u
 SECOND_ORDER_CASES += [("uvu", "tp", True, "force-training"), ("uvw", "tp", True, "force-training")]
 SECOND_ORDER_CASES += [("uvu", "conv", True, "force-training"), ("uvu", "conv-kahan", False, "all")]
 SECOND_ORDER_CASES += [("uvu", "tp", False, "dgz-only"), ("uvw", "conv", True, "dgz-only"), ("uvw", "tp", False, "dw-only")]
+SECOND_ORDER_CASES += [("uvw-rows", "tp", False, "all"), ("uvw-rows-ir_mul", "tp", True, "force-training")]
 
 
 @pytest.mark.parametrize("name, op, shared, spec", SECOND_ORDER_CASES)
@@ -185,7 +189,7 @@ def test_fused_second_order(name, op, shared, spec):
             assert_close(a, b, 1e-11, what)
 
 
-@pytest.mark.parametrize("name", ["uvu", "uvw", "uuu+unweighted"])
+@pytest.mark.parametrize("name", ["uvu", "uvw", "uuu+unweighted", "uvw-rows"])
 def test_backward_computes_only_what_is_needed(name):
     """A backward asked for one of (gx, gy, gw) returns it (as the full backward does) and
     None for the others, for the batched product and the conv."""
@@ -406,6 +410,28 @@ def test_default_backend(monkeypatch, cuda):
         assert jequi.default_backend(desc(name), shared) == "pallas", (name, shared)
     for name in ("diffdock-l1", "tetris-poly-2", "tetris-1-lin2"):
         assert jequi.default_backend(desc(name), shared_weights=True) == "xla", name
+
+
+def test_row_blocks_rule():
+    """Products whose x and y segments all have one channel, every path uvw, run on the
+    row-block kernels; any wider input or other mode on the per-row ones."""
+    applies = pallas_kernels.row_blocks.applies
+    assert applies(PROBLEMS["uvw-rows"]().descriptor.trilinear)
+    assert applies(jequi.problems.get("tetris-poly-1").descriptor.trilinear)
+    for name in ("tetris-poly-2", "diffdock-l1", "mace-large"):
+        assert not applies(jequi.problems.get(name).descriptor.trilinear), name
+    assert not applies(jequi.fully_connected("2x0e+1o", "0e+1o", "3x0e+2x1o").descriptor.trilinear)
+    assert not applies(jequi.channelwise("0e+1o", "0e+1o", "0e+1o").descriptor.trilinear)
+    assert pallas_kernels.batched.kernels(PROBLEMS["uvw-rows"]().descriptor.trilinear) is pallas_kernels.row_blocks
+
+
+def test_row_blocks_tail_rows(monkeypatch, fresh_kernels):
+    """Blocks of rows past the batch's end (clamped onto its last row) and several programs:
+    values and gradients as the reference."""
+    monkeypatch.setattr(pallas_kernels.row_blocks, "FORWARD_ROWS", 4)
+    monkeypatch.setattr(pallas_kernels.row_blocks, "BACKWARD_ROWS", 2)
+    tp = PROBLEMS["uvw-rows"]()
+    check_batched(tp, "pallas", 7, np.float64, False, 1e-12)
 
 
 def test_lane_tile_sum_order():

@@ -1,0 +1,38 @@
+"""The batched product's entry points: each descriptor on the kernels that run it
+(:mod:`.row_blocks` for products of one-channel inputs, else :mod:`.tensor_product`)."""
+
+from __future__ import annotations
+
+from . import row_blocks, tensor_product
+from .tensor_product import ALL, FORWARD_TERMS, backward_terms
+
+
+def kernels(desc):
+    """The module whose ``forward_sum`` and ``backward_sum`` run `desc`."""
+    return row_blocks if row_blocks.applies(desc) else tensor_product
+
+
+def forward_sum(desc, arrays, *, terms=FORWARD_TERMS):
+    """``z (N, out.dim) = sum of f(arrays[a], arrays[b], arrays[c]) over (a, b, c) in terms``:
+    ``x``-like arrays ``(N, in1.dim)``, ``y``-like ``(N, in2.dim)``, ``w``-like ``(N, nw)`` or
+    shared ``(nw,)`` (None where no term reads it)."""
+    return kernels(desc).forward_sum(desc, arrays, terms=terms)
+
+
+def backward_sum(desc, g, arrays, *, terms, shared_weights: bool):
+    """``(gx, gy, gw)``: each the sum of the backward over its pairs in ``terms = (gx pairs,
+    gy pairs, gw pairs)`` (pairs of positions in `arrays`) against the output cotangent ``g
+    (N, out.dim)``; None for a gradient without pairs. With `shared_weights`, ``gw`` is summed
+    over rows."""
+    return kernels(desc).backward_sum(desc, g, arrays, terms=terms, shared_weights=shared_weights)
+
+
+def forward(desc, x, y, w):
+    """``z (N, out.dim)`` from ``x (N, in1.dim)``, ``y (N, in2.dim)``, ``w (N, nw)`` or ``(nw,)``."""
+    return forward_sum(desc, (x, y, w))
+
+
+def backward(desc, x, y, w, gz, needs=ALL):
+    """``(gx, gy, gw)``, None for those not flagged in `needs`; shared weights get ``gw``
+    summed over rows."""
+    return backward_sum(desc, gz, (x, y, w), terms=backward_terms(needs), shared_weights=w.ndim == 1)

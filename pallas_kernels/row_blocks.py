@@ -1,0 +1,229 @@
+"""Pallas kernels for products of one-channel inputs: a program computes a block of rows side
+by side.
+
+:mod:`.tensor_product`'s batched kernels vectorize a row over its channels and walk a
+program's rows one after the other. A ``uvw`` product whose ``x`` and ``y`` segments have one
+channel each (spherical harmonics times spherical harmonics, as in e3nn's tetris-poly) leaves
+them one-element vectors: every CG contraction is a scalar chain, and only the output
+channels of a row are vectors. Here a program owns a block of rows (:data:`FORWARD_ROWS`,
+:data:`BACKWARD_ROWS`) side by side: each per-row scalar (an input component, a contraction
+``t[k] = sum c_ijk x[i] y[j]``) is a vector over the rows, and each run of output channels a
+``(rows, channels)`` tile.
+
+* forward: ``z[:, w, k] += W[:, w] * t[:, k]`` per path, an output segment at a time (its
+  tiles stay on chip until stored);
+* backward: the cotangent pulled back through each path's weights, ``h[:, k] = sum_w W[:, w]
+  gz[:, w, k]`` (a reduction along the tile), then spread by the coefficients into ``gx`` and
+  ``gy``; ``gw[:, w] = sum_k t[:, k] gz[:, w, k]``.
+
+Both compute sums of trilinear terms (the fused double backward's too), as the kernels of
+:mod:`.tensor_product` do, with the same signatures. Rows past the end are clamped onto the
+last row: those lanes recompute it and store the same values again.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import pallas as pl
+
+from .lowering import pallas_call
+from .tensor_product import (
+    _add, _cg_terms, _contract_x, _contract_y, _dot, _iota, _key, _sum, chunks, inactive_paths, needed_outputs,
+    used_positions,
+)  # fmt: skip
+
+# Rows and warps per program (knobs for benchmarks/tune_conv.py --block-*). Measured (H200,
+# tetris-poly-1, 50,000 rows, ms fwd / fwd+bwd, rows x warps): float32 32x1 0.160 / 1.214, 32x2
+# 0.141 / 0.713, 64x2 0.166 / 1.028, 16x4 0.116 / 0.466, 32x4 0.135 / 0.445, 16x8 0.086 /
+# 0.589, 32x8 0.119 / 0.481; float64 32x2 2.885 / 9.178 (spilled), 8x4 0.184 / 0.985, 16x4
+# 0.191 / 0.900, 32x4 0.248 / 1.984, 16x8 0.187 / 1.059. The per-row kernels of
+# tensor_product took 0.188 and 0.351 ms forward, 0.764 and 1.462 backward alone (an earlier
+# process, 2026-11-24-h200-tp-uvw.md). The backward's rows: None, 128 bytes of values (32
+# float32, 16 float64).
+FORWARD_ROWS = 16
+FORWARD_WARPS = 8
+BACKWARD_ROWS: int | None = None
+BACKWARD_WARPS = 4
+
+
+def applies(desc) -> bool:
+    """Whether the batched product of `desc` runs on these kernels: every path ``uvw`` and
+    every ``x`` and ``y`` segment one channel wide."""
+    paths = desc.active_paths
+    return bool(paths) and all(p.mode == "uvw" for p in paths) and all(s.mul == 1 for s in (*desc.in1, *desc.in2))
+
+
+def _rows(n: int, count: int):
+    """This program's `count` row indices, clamped into ``[0, n)``."""
+    return jnp.minimum(pl.program_id(0) * count + jnp.arange(count, dtype=jnp.int32), n - 1)
+
+
+class Block:
+    """Cached loads from a block of rows (``rows``, a vector of row indices) of a flat ref of
+    rows of length `width`, or from the whole of a shared 1-D ref (`width` None)."""
+
+    def __init__(self, ref, rows, width: int | None):
+        self.ref, self.rows, self.width, self.cache = ref, rows, width, {}
+
+    def column(self, pos: int):
+        """Element `pos` of every row: a vector over the rows."""
+        assert self.width is not None, "a shared operand is read as tiles only"
+        if pos not in self.cache:
+            self.cache[pos] = self.ref[self.rows * self.width + int(pos)]
+        return self.cache[pos]
+
+    def tile(self, positions: np.ndarray):
+        """Elements `positions` (a static vector) of every row: a ``(rows, n)`` tile; of a
+        shared ref, an ``(n,)`` vector (which broadcasts against the tiles)."""
+        key = _key(np.asarray(positions))
+        if key not in self.cache:
+            idx = _iota(positions)
+            shared = self.width is None
+            self.cache[key] = self.ref[idx] if shared else self.ref[self.rows[:, None] * self.width + idx[None, :]]
+        return self.cache[key]
+
+
+def _store_tile(ref, rows, width: int, positions, value):
+    ref[rows[:, None] * width + _iota(positions)[None, :]] = value
+
+
+def _inputs(desc, p):
+    """Per path: the flat positions of its (one-channel) ``x`` and ``y`` components, and its
+    nonzero coefficients."""
+    return desc.in1[p.i_in1].index()[0], desc.in2[p.i_in2].index()[0], _cg_terms(p)
+
+
+def _weights(p):
+    """A path's weight positions (channel ``w`` of ``u = v = 0``) by output channel chunk."""
+    return [(c0, cs, p.weight_offset + np.arange(c0, c0 + cs)) for c0, cs in chunks(p.mul_out)]
+
+
+def _contraction(terms, x1, y1, bx: Block, by: Block) -> dict:
+    """``t[k] = sum c_ijk x[i] y[j]`` of one row pair (vectors over rows)."""
+    return _contract_x(_contract_y(terms, lambda j: by.column(y1[j])), lambda i: bx.column(x1[i]))
+
+
+def _forward_segment(desc, s: int, triples, dtype):
+    """``(positions, tile)`` of output segment `s`: the sum over `triples` (Blocks of the
+    ``x``-, ``y``- and ``w``-like operands) and its paths."""
+    seg = desc.out[s]
+    index = seg.index()
+    paths = [p for p in desc.active_paths if p.i_out == s]
+    for c0, cs in chunks(seg.mul):
+        acc = {}
+        for p in paths:
+            x1, y1, terms = _inputs(desc, p)
+            positions = p.weight_offset + np.arange(c0, c0 + cs)
+            for bx, by, bw in triples:
+                for k, tk in _contraction(terms, x1, y1, bx, by).items():
+                    acc[k] = _dot([(bw.tile(positions), tk[:, None])], start=acc.get(k))
+        for k in range(seg.ir_dim):
+            yield index[c0 : c0 + cs, k], acc[k] if k in acc else jnp.zeros((triples[0][0].rows.shape[0], cs), dtype)
+
+
+def _blocks(arrays, refs: dict, rows) -> dict:
+    """A :class:`Block` per array position in `refs` (position -> ref)."""
+    return {a: Block(ref, rows, None if arrays[a].ndim == 1 else arrays[a].shape[1]) for a, ref in refs.items()}
+
+
+@functools.partial(jax.jit, static_argnames=("desc", "terms"))
+def forward_sum(desc, arrays, *, terms):
+    """:func:`.tensor_product.forward_sum` of a product :func:`applies` holds for."""
+    used = used_positions(terms)
+    n = arrays[terms[0][0]].shape[0]
+    do = desc.dims[2]
+    dtype = arrays[terms[0][0]].dtype
+
+    count = FORWARD_ROWS
+
+    def kernel(*refs):
+        *in_refs, z_ref = refs
+        rows = _rows(n, count)
+        blocks = _blocks(arrays, dict(zip(used, in_refs)), rows)
+        triples = [(blocks[a], blocks[b], blocks[c]) for a, b, c in terms]
+        for s in range(len(desc.out)):
+            for positions, tile in _forward_segment(desc, s, triples, dtype):
+                _store_tile(z_ref, rows, do, positions, tile)
+
+    z = pallas_call(
+        kernel, jax.ShapeDtypeStruct((n * do,), dtype), (pl.cdiv(n, count),), FORWARD_WARPS, name="jequi_tp_rows_fwd"
+    )(*(arrays[a].reshape(-1) for a in used))
+    return z.reshape(n, do)
+
+
+def _backward_path(desc, p, gz: Block, pairs, gx: dict, gy: dict, store_gw):
+    """Path `p`'s part of a row block's backward: ``gw`` stored, ``gx`` and ``gy`` added to
+    (flat position -> vector over rows). `pairs`: ``(gx pairs, gy pairs, gw pairs)`` of Blocks."""
+    gx_pairs, gy_pairs, gw_pairs = pairs
+    x1, y1, terms = _inputs(desc, p)
+    out = desc.out[p.i_out].index()
+    ks = sorted({k for _, _, k, _ in terms})
+    weights = _weights(p)
+    g = {(c0, k): gz.tile(out[c0 : c0 + cs, k]) for c0, cs, _ in weights for k in ks}
+    if gw_pairs:
+        t = {}
+        for bx, by in gw_pairs:
+            for k, value in _contraction(terms, x1, y1, bx, by).items():
+                t[k] = _add(t.get(k), value)
+        for c0, cs, positions in weights:
+            zeros = lambda: jnp.zeros((gz.rows.shape[0], cs), gz.ref.dtype)  # noqa: E731
+            store_gw(positions, _dot(((t[k][:, None], g[c0, k]) for k in t), zeros))
+    # the cotangent pulled back through the weights: a vector over rows per component k
+    h = {
+        bw: {k: _sum(jnp.sum(bw.tile(pos) * g[c0, k], axis=1) for c0, _, pos in weights) for k in ks}
+        for bw in dict.fromkeys(bw for _, bw in gx_pairs + gy_pairs)
+    }
+    for by, bw in gx_pairs:  # gx[i] += sum_{j, k} c y[j] h[k]
+        for (i, k), value in _contract_y(terms, lambda j, by=by: by.column(y1[j])).items():
+            gx[int(x1[i])] = _dot([(value, h[bw][k])], start=gx.get(int(x1[i])))
+    swapped = [(j, i, k, c) for i, j, k, c in terms]
+    for bx, bw in gy_pairs:  # gy[j] += sum_{i, k} c x[i] h[k]
+        for (j, k), value in _contract_y(swapped, lambda i, bx=bx: bx.column(x1[i])).items():
+            gy[int(y1[j])] = _dot([(value, h[bw][k])], start=gy.get(int(y1[j])))
+
+
+@functools.partial(jax.jit, static_argnames=("desc", "terms", "shared_weights"))
+def backward_sum(desc, g, arrays, *, terms, shared_weights: bool):
+    """:func:`.tensor_product.backward_sum` of a product :func:`applies` holds for."""
+    n = g.shape[0]
+    d1, d2, do = desc.dims
+    nw = desc.weight_numel
+    dtype = g.dtype
+    used = used_positions(pair for pairs in terms for pair in pairs)
+    needs = tuple(bool(pairs) for pairs in terms)
+    shapes, unpack = needed_outputs(needs, [jax.ShapeDtypeStruct((n * d,), dtype) for d in (d1, d2, nw)])
+
+    count = BACKWARD_ROWS or 128 // dtype.itemsize
+
+    def kernel(g_ref, *refs):
+        in_refs, out_refs = refs[: len(used)], refs[len(used) :]
+        gx_ref, gy_ref, gw_ref = unpack(out_refs)
+        rows = _rows(n, count)
+        blocks = _blocks(arrays, dict(zip(used, in_refs)), rows)
+        pairs = [[(blocks[a], blocks[b]) for a, b in pairs] for pairs in terms]
+        store_gw = None if gw_ref is None else functools.partial(_store_tile, gw_ref, rows, nw)
+        gx, gy = {}, {}
+        for p in desc.active_paths:
+            _backward_path(desc, p, Block(g_ref, rows, do), pairs, gx, gy, store_gw)
+        if store_gw is not None:
+            for p in inactive_paths(desc):
+                for c0, cs in chunks(p.weight_numel):
+                    store_gw(p.weight_offset + np.arange(c0, c0 + cs), jnp.zeros((count, cs), dtype))
+        for ref, sums, width in ((gx_ref, gx, d1), (gy_ref, gy, d2)):
+            if ref is not None:
+                for q in range(width):
+                    ref[rows * width + q] = sums[q] if q in sums else jnp.zeros((count,), dtype)
+
+    gx, gy, gw = unpack(
+        pallas_call(kernel, shapes, (pl.cdiv(n, count),), BACKWARD_WARPS, name="jequi_tp_rows_bwd")(
+            g.reshape(-1), *(arrays[a].reshape(-1) for a in used)
+        )
+    )
+    if gw is not None:
+        gw = gw.reshape(n, nw)
+        gw = gw.sum(0) if shared_weights else gw
+    return (None if gx is None else gx.reshape(n, d1), None if gy is None else gy.reshape(n, d2), gw)
