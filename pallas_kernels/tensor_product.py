@@ -554,15 +554,21 @@ def rows_loop(n_rows: int, rows_per_program: int, body, axis: int = 0):
     jax.lax.fori_loop(0, rows_per_program, step, 0)
 
 
-# Batch rows per program of the batched product; None: 8 from 8,192 rows, else 1 (a knob
-# for benchmarks/tune_conv.py --rows).
+# Batch rows per program of the batched product; None: :func:`rows_per_program`'s rule (a
+# knob for benchmarks/tune_conv.py --rows).
 ROWS_PER_PROGRAM: int | None = None
 
 
-def _rows_per_program(n: int) -> int:
+def rows_per_program(desc, n: int) -> int:
+    """Rows per program of the batched kernels: 8 for a channelwise product from 8,192 rows,
+    else 1. Measured (H200, 50,000 rows, float32 fwd / fwd+bwd / dbl ms, 8 rows -> 1):
+    MACE-large 0.887 / 2.829 / - -> 1.403 / 3.241 / - (results/2026-11-21-h200-ab.md); ``uvw``
+    products DiffDock-L1 0.565 / 1.731 / 1.078 -> 0.530 / 1.626 / 0.923, DiffDock-L2 0.553 /
+    1.781 / 1.142 -> 0.537 / 1.675 / 0.951, tetris-poly-2 0.119 / 0.400 / 0.313 -> 0.097 /
+    0.323 / 0.242 (float64 0.209 / 0.632 / 0.419 -> 0.181 / 0.587 / 0.394)."""
     if ROWS_PER_PROGRAM is not None:
         return ROWS_PER_PROGRAM
-    return 8 if n >= 8 * 1024 else 1
+    return 8 if channelwise(desc) and n >= 8 * 1024 else 1
 
 
 # Warps per forward / backward program; None: :func:`num_warps`' rule. Knobs for
@@ -579,8 +585,11 @@ def num_warps(desc, backward: bool = False) -> int:
     then stay in warp shuffles, without shared memory or barriers (H200, MACE-large conv on
     the carbon lattice, f32: fwd+bwd 7.04 ms with 4 warps, 6.66 ms with 1; the batched product
     at 50,000 rows 3.07 -> 2.94 ms, NequIP-OAM's 3.75 -> 2.07 ms). Products with ``uvw``/``uuw``
-    paths keep the forward's warps: their 2-D ``(u, w)`` tiles would not fit one warp's
-    registers.
+    paths keep the forward's warps, as their 2-D ``(u, w)`` tiles would not fit one warp's
+    registers, unless every tile has at most :data:`ONE_WARP_TILE` values: then one warp, and
+    the tiles' sums over ``u`` stay in warp shuffles (tetris-poly-2, tiles of 64 x 4, 50,000
+    rows, one row per program, ms with 2 -> 1 warps: float32 fwd 0.097 -> 0.076, fwd+bwd 0.323
+    -> 0.233, dbl 0.242 -> 0.166; float64 fwd 0.181 -> 0.132; H200).
 
     The forward of a channelwise product in the ``ir_mul`` layout at least 128 channels wide
     runs one warp too: a component's channels are contiguous there, and a thread that owns
@@ -599,12 +608,26 @@ def num_warps(desc, backward: bool = False) -> int:
     knob = BACKWARD_WARPS if backward else FORWARD_WARPS
     if knob is not None:
         return knob
+    if not channelwise(desc) and largest_tile(desc) <= ONE_WARP_TILE:
+        return 1
     if channelwise(desc) and (
         backward and "uvu" in {p.mode for p in desc.active_paths}
         or not backward and desc.layout == "ir_mul" and widest_chunk(desc) >= 128
     ):
         return 1
     return max(1, min(4, widest_chunk(desc) // 32))
+
+
+# The most values of a uvw/uuw path's (u, w) tile (:func:`largest_tile`) for which its product
+# runs one warp per program (:func:`num_warps`); DiffDock's 32 x 32 tiles ran one warp already.
+ONE_WARP_TILE = 1024
+
+
+def largest_tile(desc) -> int:
+    """The most values of a ``uvw``/``uuw`` path's ``(u, w)`` tile (channel chunks of ``x``
+    times of the output, :func:`chunks`); 0 without such paths."""
+    widest = lambda mul: max(size for _, size in chunks(mul))  # noqa: E731
+    return max((widest(p.mul_in1) * widest(p.mul_out) for p in desc.active_paths if p.mode in ("uvw", "uuw")), default=0)
 
 
 def channelwise(desc) -> bool:
@@ -692,7 +715,7 @@ def forward_sum(desc, arrays, *, terms=FORWARD_TERMS):
     used = used_positions(terms)
     n = arrays[terms[0][0]].shape[0]
     do = desc.dims[2]
-    rpp = _rows_per_program(n)
+    rpp = rows_per_program(desc, n)
     dtype = arrays[terms[0][0]].dtype
     groups = forward_groups(desc, dtype)
     fused = jnp.dtype(dtype) != jnp.float64 if FUSED_FORWARD is None else FUSED_FORWARD
@@ -771,7 +794,7 @@ def backward_sum(desc, g, arrays, *, terms, shared_weights: bool):
     n = g.shape[0]
     d1, d2, do = desc.dims
     nw = desc.weight_numel
-    rpp = _rows_per_program(n)
+    rpp = rows_per_program(desc, n)
     dtype = g.dtype
     used = used_positions(pair for pairs in terms for pair in pairs)
     needs = tuple(bool(pairs) for pairs in terms)

@@ -449,6 +449,20 @@ def test_unsupported_mode_is_a_clear_error():
     assert "uvv" not in pallas_kernels.SUPPORTED_MODES
 
 
+def test_rows_and_warps_rules():
+    """Eight rows per program for channelwise products from 8,192 rows, else one; uvw products
+    whose (u, w) tiles hold at most ONE_WARP_TILE values run one warp, wider ones the width rule."""
+    tpk = pallas_kernels.tensor_product
+    desc = lambda name: jequi.problems.get(name).descriptor.trilinear  # noqa: E731
+    assert tpk.rows_per_program(desc("mace-large"), 50000) == 8
+    assert tpk.rows_per_program(desc("mace-large"), 100) == 1
+    assert tpk.rows_per_program(desc("diffdock-l1"), 50000) == 1
+    assert tpk.largest_tile(desc("tetris-poly-2")) == 64 * 4 and tpk.largest_tile(desc("mace-large")) == 0
+    for backward in (False, True):
+        assert tpk.num_warps(desc("tetris-poly-2"), backward) == 1  # widest chunk 64: two by the width rule
+        assert tpk.num_warps(desc("tetris-1-lin2"), backward) == 4
+
+
 def test_backward_groups_rule():
     """Channelwise products get a backward program per x segment; uvw ones in float64 only,
     and only with x segments of at least 8 channels."""
