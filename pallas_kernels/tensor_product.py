@@ -559,16 +559,23 @@ def rows_loop(n_rows: int, rows_per_program: int, body, axis: int = 0):
 ROWS_PER_PROGRAM: int | None = None
 
 
-def rows_per_program(desc, n: int) -> int:
-    """Rows per program of the batched kernels: 8 for a channelwise product from 8,192 rows,
-    else 1. Measured (H200, 50,000 rows, float32 fwd / fwd+bwd / dbl ms, 8 rows -> 1):
-    MACE-large 0.887 / 2.829 / - -> 1.403 / 3.241 / - (results/2026-11-21-h200-ab.md); ``uvw``
-    products DiffDock-L1 0.565 / 1.731 / 1.078 -> 0.530 / 1.626 / 0.923, DiffDock-L2 0.553 /
-    1.781 / 1.142 -> 0.537 / 1.675 / 0.951, tetris-poly-2 0.119 / 0.400 / 0.313 -> 0.097 /
-    0.323 / 0.242 (float64 0.209 / 0.632 / 0.419 -> 0.181 / 0.587 / 0.394)."""
+def rows_per_program(desc, n: int, forward: bool = False) -> int:
+    """Rows per program of the batched kernels: 8 for a channelwise product from 8,192 rows
+    (2 for its `forward` in ``ir_mul`` on one warp per program, :func:`num_warps`), else 1. Measured (H200, 50,000 rows, float32 fwd / fwd+bwd / dbl ms, 8 rows -> 1):
+    MACE-large 0.887 / 2.829 / - -> 1.403 / 3.241 / - (``mul_ir``, four warps;
+    results/2026-11-21-h200-ab.md); ``uvw`` products DiffDock-L1 0.565 / 1.731 / 1.078 -> 0.530
+    / 1.626 / 0.923, DiffDock-L2 0.553 / 1.781 / 1.142 -> 0.537 / 1.675 / 0.951, tetris-poly-2
+    0.119 / 0.400 / 0.313 -> 0.097 / 0.323 / 0.242 (float64 0.209 / 0.632 / 0.419 -> 0.181 /
+    0.587 / 0.394). The one-warp ``ir_mul`` forwards, fwd ms with 8 / 2 / 4 rows (1 row was
+    fastest for some, 1.7x slower for others: NequIP-OAM float32, NequIP-LiPS float64):
+    float32 NequIP-LiPS 0.303 / 0.281 / 0.285, NequIP-OAM 0.430 / 0.414 / 0.428, MACE-medium
+    0.270 / 0.262 / 0.271, MACE-large 0.667 / 0.631 / 0.649; float64 0.529 / 0.527 / 0.529,
+    0.796 / 0.751 / 0.780, 0.520 / 0.508 / 0.502, 1.317 / 1.264 / 1.275."""
     if ROWS_PER_PROGRAM is not None:
         return ROWS_PER_PROGRAM
-    return 8 if channelwise(desc) and n >= 8 * 1024 else 1
+    if not channelwise(desc) or n < 8 * 1024:
+        return 1
+    return 2 if forward and desc.layout == "ir_mul" and num_warps(desc) == 1 else 8
 
 
 # Warps per forward / backward program; None: :func:`num_warps`' rule. Knobs for
@@ -715,7 +722,7 @@ def forward_sum(desc, arrays, *, terms=FORWARD_TERMS):
     used = used_positions(terms)
     n = arrays[terms[0][0]].shape[0]
     do = desc.dims[2]
-    rpp = rows_per_program(desc, n)
+    rpp = rows_per_program(desc, n, forward=True)
     dtype = arrays[terms[0][0]].dtype
     groups = forward_groups(desc, dtype)
     fused = jnp.dtype(dtype) != jnp.float64 if FUSED_FORWARD is None else FUSED_FORWARD

@@ -450,13 +450,19 @@ def test_unsupported_mode_is_a_clear_error():
 
 
 def test_rows_and_warps_rules():
-    """Eight rows per program for channelwise products from 8,192 rows, else one; uvw products
+    """Eight rows per program for channelwise products from 8,192 rows (two for a one-warp
+    forward in ir_mul), else one; uvw products
     whose (u, w) tiles hold at most ONE_WARP_TILE values run one warp, wider ones the width rule."""
     tpk = pallas_kernels.tensor_product
     desc = lambda name: jequi.problems.get(name).descriptor.trilinear  # noqa: E731
     assert tpk.rows_per_program(desc("mace-large"), 50000) == 8
     assert tpk.rows_per_program(desc("mace-large"), 100) == 1
     assert tpk.rows_per_program(desc("diffdock-l1"), 50000) == 1
+    ir_mul = lambda name: jequi.problems.get(name, layout="ir_mul").descriptor.trilinear  # noqa: E731
+    for name in ("mace-large", "nequip-oam-main", "nequip-lips"):  # one-warp forwards in ir_mul
+        assert tpk.rows_per_program(ir_mul(name), 50000, forward=True) == 2
+        assert tpk.rows_per_program(ir_mul(name), 50000) == 8
+    assert tpk.rows_per_program(ir_mul("nequip-benzene"), 50000, forward=True) == 8  # two warps
     assert tpk.largest_tile(desc("tetris-poly-2")) == 64 * 4 and tpk.largest_tile(desc("mace-large")) == 0
     for backward in (False, True):
         assert tpk.num_warps(desc("tetris-poly-2"), backward) == 1  # widest chunk 64: two by the width rule
