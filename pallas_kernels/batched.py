@@ -7,7 +7,7 @@ from . import row_blocks, tensor_product
 from .tensor_product import ALL, FORWARD_TERMS, backward_terms
 
 
-def kernels(desc):
+def kernels_for(desc):
     """The module whose ``forward_sum`` and ``backward_sum`` run `desc`."""
     return row_blocks if row_blocks.applies(desc) else tensor_product
 
@@ -16,7 +16,7 @@ def forward_sum(desc, arrays, *, terms=FORWARD_TERMS):
     """``z (N, out.dim) = sum of f(arrays[a], arrays[b], arrays[c]) over (a, b, c) in terms``:
     ``x``-like arrays ``(N, in1.dim)``, ``y``-like ``(N, in2.dim)``, ``w``-like ``(N, nw)`` or
     shared ``(nw,)`` (None where no term reads it)."""
-    return kernels(desc).forward_sum(desc, arrays, terms=terms)
+    return kernels_for(desc).forward_sum(desc, arrays, terms=terms)
 
 
 def backward_sum(desc, g, arrays, *, terms, shared_weights: bool):
@@ -24,7 +24,7 @@ def backward_sum(desc, g, arrays, *, terms, shared_weights: bool):
     gy pairs, gw pairs)`` (pairs of positions in `arrays`) against the output cotangent ``g
     (N, out.dim)``; None for a gradient without pairs. With `shared_weights`, ``gw`` is summed
     over rows."""
-    return kernels(desc).backward_sum(desc, g, arrays, terms=terms, shared_weights=shared_weights)
+    return kernels_for(desc).backward_sum(desc, g, arrays, terms=terms, shared_weights=shared_weights)
 
 
 def forward(desc, x, y, w):

@@ -32,11 +32,12 @@ from jax.experimental import pallas as pl
 
 from .lowering import pallas_call
 from .tensor_product import (
-    _add, _cg_terms, _contract_x, _contract_y, _dot, _iota, _key, _sum, chunks, inactive_paths, needed_outputs,
-    used_positions,
+    FORWARD_TERMS, _add, _cg_terms, _contract_x, _contract_y, _dot, _iota, _key, _sum, chunks, inactive_paths,
+    needed_outputs, used_positions, weight_gradient, zero_weights,
 )  # fmt: skip
 
-# Rows and warps per program (knobs for benchmarks/tune_conv.py --block-*). Measured (H200,
+# Rows and warps per program (knobs for benchmarks/tune_conv.py --forward-block-rows,
+# --forward-block-warps, --backward-block-rows, --backward-block-warps). Measured (H200,
 # tetris-poly-1, 50,000 rows, ms fwd / fwd+bwd, rows x warps): float32 32x1 0.160 / 1.214, 32x2
 # 0.141 / 0.713, 64x2 0.166 / 1.028, 16x4 0.116 / 0.466, 32x4 0.135 / 0.445, 16x8 0.086 /
 # 0.589, 32x8 0.119 / 0.481; float64 32x2 2.885 / 9.178 (spilled), 8x4 0.184 / 0.985, 16x4
@@ -57,9 +58,9 @@ def applies(desc) -> bool:
     return bool(paths) and all(p.mode == "uvw" for p in paths) and all(s.mul == 1 for s in (*desc.in1, *desc.in2))
 
 
-def _rows(n: int, count: int):
-    """This program's `count` row indices, clamped into ``[0, n)``."""
-    return jnp.minimum(pl.program_id(0) * count + jnp.arange(count, dtype=jnp.int32), n - 1)
+def _block_rows(n: int, rows_per_block: int):
+    """This program's row indices, clamped into ``[0, n)``."""
+    return jnp.minimum(pl.program_id(0) * rows_per_block + jnp.arange(rows_per_block, dtype=jnp.int32), n - 1)
 
 
 class Block:
@@ -91,13 +92,13 @@ def _store_tile(ref, rows, width: int, positions, value):
     ref[rows[:, None] * width + _iota(positions)[None, :]] = value
 
 
-def _inputs(desc, p):
+def _path_operands(desc, p):
     """Per path: the flat positions of its (one-channel) ``x`` and ``y`` components, and its
     nonzero coefficients."""
     return desc.in1[p.i_in1].index()[0], desc.in2[p.i_in2].index()[0], _cg_terms(p)
 
 
-def _weights(p):
+def _weight_chunks(p):
     """A path's weight positions (channel ``w`` of ``u = v = 0``) by output channel chunk."""
     return [(c0, cs, p.weight_offset + np.arange(c0, c0 + cs)) for c0, cs in chunks(p.mul_out)]
 
@@ -116,8 +117,8 @@ def _forward_segment(desc, s: int, triples, dtype):
     for c0, cs in chunks(seg.mul):
         acc = {}
         for p in paths:
-            x1, y1, terms = _inputs(desc, p)
-            positions = p.weight_offset + np.arange(c0, c0 + cs)
+            x1, y1, terms = _path_operands(desc, p)
+            positions = p.weight_offset + np.arange(c0, c0 + cs)  # of u = v = 0, as _weight_chunks
             for bx, by, bw in triples:
                 for k, tk in _contraction(terms, x1, y1, bx, by).items():
                     acc[k] = _dot([(bw.tile(positions), tk[:, None])], start=acc.get(k))
@@ -131,18 +132,19 @@ def _blocks(arrays, refs: dict, rows) -> dict:
 
 
 @functools.partial(jax.jit, static_argnames=("desc", "terms"))
-def forward_sum(desc, arrays, *, terms):
-    """:func:`.tensor_product.forward_sum` of a product :func:`applies` holds for."""
+def forward_sum(desc, arrays, *, terms=FORWARD_TERMS):
+    """:func:`.tensor_product.forward_sum` of a product :func:`applies` holds for (its
+    multiply-adds always fused, :data:`.tensor_product.FUSED_FORWARD` aside: not measured
+    apart here)."""
     used = used_positions(terms)
     n = arrays[terms[0][0]].shape[0]
     do = desc.dims[2]
     dtype = arrays[terms[0][0]].dtype
-
-    count = FORWARD_ROWS
+    rows_per_block = FORWARD_ROWS
 
     def kernel(*refs):
         *in_refs, z_ref = refs
-        rows = _rows(n, count)
+        rows = _block_rows(n, rows_per_block)
         blocks = _blocks(arrays, dict(zip(used, in_refs)), rows)
         triples = [(blocks[a], blocks[b], blocks[c]) for a, b, c in terms]
         for s in range(len(desc.out)):
@@ -150,7 +152,8 @@ def forward_sum(desc, arrays, *, terms):
                 _store_tile(z_ref, rows, do, positions, tile)
 
     z = pallas_call(
-        kernel, jax.ShapeDtypeStruct((n * do,), dtype), (pl.cdiv(n, count),), FORWARD_WARPS, name="jequi_tp_rows_fwd"
+        kernel, jax.ShapeDtypeStruct((n * do,), dtype), (pl.cdiv(n, rows_per_block),), FORWARD_WARPS,
+        name="jequi_tp_rows_fwd",
     )(*(arrays[a].reshape(-1) for a in used))
     return z.reshape(n, do)
 
@@ -159,10 +162,10 @@ def _backward_path(desc, p, gz: Block, pairs, gx: dict, gy: dict, store_gw):
     """Path `p`'s part of a row block's backward: ``gw`` stored, ``gx`` and ``gy`` added to
     (flat position -> vector over rows). `pairs`: ``(gx pairs, gy pairs, gw pairs)`` of Blocks."""
     gx_pairs, gy_pairs, gw_pairs = pairs
-    x1, y1, terms = _inputs(desc, p)
+    x1, y1, terms = _path_operands(desc, p)
     out = desc.out[p.i_out].index()
     ks = sorted({k for _, _, k, _ in terms})
-    weights = _weights(p)
+    weights = _weight_chunks(p)
     g = {(c0, k): gz.tile(out[c0 : c0 + cs, k]) for c0, cs, _ in weights for k in ks}
     if gw_pairs:
         t = {}
@@ -197,33 +200,31 @@ def backward_sum(desc, g, arrays, *, terms, shared_weights: bool):
     needs = tuple(bool(pairs) for pairs in terms)
     shapes, unpack = needed_outputs(needs, [jax.ShapeDtypeStruct((n * d,), dtype) for d in (d1, d2, nw)])
 
-    count = BACKWARD_ROWS or 128 // dtype.itemsize
+    rows_per_block = BACKWARD_ROWS or 128 // dtype.itemsize
 
     def kernel(g_ref, *refs):
         in_refs, out_refs = refs[: len(used)], refs[len(used) :]
         gx_ref, gy_ref, gw_ref = unpack(out_refs)
-        rows = _rows(n, count)
+        rows = _block_rows(n, rows_per_block)
         blocks = _blocks(arrays, dict(zip(used, in_refs)), rows)
         pairs = [[(blocks[a], blocks[b]) for a, b in pairs] for pairs in terms]
         store_gw = None if gw_ref is None else functools.partial(_store_tile, gw_ref, rows, nw)
         gx, gy = {}, {}
         for p in desc.active_paths:
+            # a cotangent cache per path: a path's tiles are not kept live for the next paths
+            # (one cache for all was not measured)
             _backward_path(desc, p, Block(g_ref, rows, do), pairs, gx, gy, store_gw)
         if store_gw is not None:
-            for p in inactive_paths(desc):
-                for c0, cs in chunks(p.weight_numel):
-                    store_gw(p.weight_offset + np.arange(c0, c0 + cs), jnp.zeros((count, cs), dtype))
+            zero_weights(inactive_paths(desc), store_gw, dtype, (rows_per_block,))
         for ref, sums, width in ((gx_ref, gx, d1), (gy_ref, gy, d2)):
             if ref is not None:
                 for q in range(width):
-                    ref[rows * width + q] = sums[q] if q in sums else jnp.zeros((count,), dtype)
+                    ref[rows * width + q] = sums[q] if q in sums else jnp.zeros((rows_per_block,), dtype)
 
     gx, gy, gw = unpack(
-        pallas_call(kernel, shapes, (pl.cdiv(n, count),), BACKWARD_WARPS, name="jequi_tp_rows_bwd")(
+        pallas_call(kernel, shapes, (pl.cdiv(n, rows_per_block),), BACKWARD_WARPS, name="jequi_tp_rows_bwd")(
             g.reshape(-1), *(arrays[a].reshape(-1) for a in used)
         )
     )
-    if gw is not None:
-        gw = gw.reshape(n, nw)
-        gw = gw.sum(0) if shared_weights else gw
-    return (None if gx is None else gx.reshape(n, d1), None if gy is None else gy.reshape(n, d2), gw)
+    gx, gy = (None if a is None else a.reshape(n, d) for a, d in ((gx, d1), (gy, d2)))
+    return gx, gy, weight_gradient(gw, n, nw, shared_weights)

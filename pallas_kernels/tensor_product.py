@@ -335,10 +335,11 @@ def inactive_paths(desc) -> list:
     return [p for p in desc.paths if p.weight_numel and p not in desc.active_paths]
 
 
-def zero_weights(paths, store_gw, dtype):
+def zero_weights(paths, store_gw, dtype, lead=()):
+    """Store zero ``gw`` for `paths` (vectors of their weight chunks, with leading shape `lead`)."""
     for p in paths:
         for c0, cs in chunks(p.weight_numel):
-            store_gw(p.weight_offset + np.arange(c0, c0 + cs), jnp.zeros((cs,), dtype))
+            store_gw(p.weight_offset + np.arange(c0, c0 + cs), jnp.zeros((*lead, cs), dtype))
 
 
 class Pairs(NamedTuple):
@@ -561,21 +562,23 @@ ROWS_PER_PROGRAM: int | None = None
 
 def rows_per_program(desc, n: int, forward: bool = False) -> int:
     """Rows per program of the batched kernels: 8 for a channelwise product from 8,192 rows
-    (2 for its `forward` in ``ir_mul`` on one warp per program, :func:`num_warps`), else 1. Measured (H200, 50,000 rows, float32 fwd / fwd+bwd / dbl ms, 8 rows -> 1):
-    MACE-large 0.887 / 2.829 / - -> 1.403 / 3.241 / - (``mul_ir``, four warps;
-    results/2026-11-21-h200-ab.md); ``uvw`` products DiffDock-L1 0.565 / 1.731 / 1.078 -> 0.530
-    / 1.626 / 0.923, DiffDock-L2 0.553 / 1.781 / 1.142 -> 0.537 / 1.675 / 0.951, tetris-poly-2
-    0.119 / 0.400 / 0.313 -> 0.097 / 0.323 / 0.242 (float64 0.209 / 0.632 / 0.419 -> 0.181 /
-    0.587 / 0.394). The one-warp ``ir_mul`` forwards, fwd ms with 8 / 2 / 4 rows (1 row was
-    fastest for some, 1.7x slower for others: NequIP-OAM float32, NequIP-LiPS float64):
-    float32 NequIP-LiPS 0.303 / 0.281 / 0.285, NequIP-OAM 0.430 / 0.414 / 0.428, MACE-medium
-    0.270 / 0.262 / 0.271, MACE-large 0.667 / 0.631 / 0.649; float64 0.529 / 0.527 / 0.529,
-    0.796 / 0.751 / 0.780, 0.520 / 0.508 / 0.502, 1.317 / 1.264 / 1.275."""
+    (2 for its `forward` in ``ir_mul`` on one warp per program), else 1.
+
+    Measured (H200, 50,000 rows, float32 fwd / fwd+bwd / dbl ms, 8 rows -> 1): MACE-large
+    0.887 / 2.829 / - -> 1.403 / 3.241 / - (``mul_ir``, four warps;
+    results/2026-11-21-h200-ab.md); ``uvw`` products DiffDock-L1 0.565 / 1.731 / 1.078 ->
+    0.530 / 1.626 / 0.923, DiffDock-L2 0.553 / 1.781 / 1.142 -> 0.537 / 1.675 / 0.951,
+    tetris-poly-2 0.119 / 0.400 / 0.313 -> 0.097 / 0.323 / 0.242 (float64 0.209 / 0.632 /
+    0.419 -> 0.181 / 0.587 / 0.394). The one-warp ``ir_mul`` forwards, fwd ms with 8 / 2 / 4
+    rows (1 row was fastest for some, 1.7x slower for others: NequIP-OAM float32, NequIP-LiPS
+    float64): float32 NequIP-LiPS 0.303 / 0.281 / 0.285, NequIP-OAM 0.430 / 0.414 / 0.428,
+    MACE-medium 0.270 / 0.262 / 0.271, MACE-large 0.667 / 0.631 / 0.649; float64 0.529 /
+    0.527 / 0.529, 0.796 / 0.751 / 0.780, 0.520 / 0.508 / 0.502, 1.317 / 1.264 / 1.275."""
     if ROWS_PER_PROGRAM is not None:
         return ROWS_PER_PROGRAM
     if not channelwise(desc) or n < 8 * 1024:
         return 1
-    return 2 if forward and desc.layout == "ir_mul" and num_warps(desc) == 1 else 8
+    return 2 if forward and desc.layout == "ir_mul" and batched_warps(desc) == 1 else 8
 
 
 # Warps per forward / backward program; None: :func:`num_warps`' rule. Knobs for
@@ -592,11 +595,8 @@ def num_warps(desc, backward: bool = False) -> int:
     then stay in warp shuffles, without shared memory or barriers (H200, MACE-large conv on
     the carbon lattice, f32: fwd+bwd 7.04 ms with 4 warps, 6.66 ms with 1; the batched product
     at 50,000 rows 3.07 -> 2.94 ms, NequIP-OAM's 3.75 -> 2.07 ms). Products with ``uvw``/``uuw``
-    paths keep the forward's warps, as their 2-D ``(u, w)`` tiles would not fit one warp's
-    registers, unless every tile has at most :data:`ONE_WARP_TILE` values: then one warp, and
-    the tiles' sums over ``u`` stay in warp shuffles (tetris-poly-2, tiles of 64 x 4, 50,000
-    rows, one row per program, ms with 2 -> 1 warps: float32 fwd 0.097 -> 0.076, fwd+bwd 0.323
-    -> 0.233, dbl 0.242 -> 0.166; float64 fwd 0.181 -> 0.132; H200).
+    paths keep the forward's warps: their 2-D ``(u, w)`` tiles would not fit one warp's
+    registers (but see :func:`batched_warps`).
 
     The forward of a channelwise product in the ``ir_mul`` layout at least 128 channels wide
     runs one warp too: a component's channels are contiguous there, and a thread that owns
@@ -615,8 +615,6 @@ def num_warps(desc, backward: bool = False) -> int:
     knob = BACKWARD_WARPS if backward else FORWARD_WARPS
     if knob is not None:
         return knob
-    if not channelwise(desc) and largest_tile(desc) <= ONE_WARP_TILE:
-        return 1
     if channelwise(desc) and (
         backward and "uvu" in {p.mode for p in desc.active_paths}
         or not backward and desc.layout == "ir_mul" and widest_chunk(desc) >= 128
@@ -626,15 +624,32 @@ def num_warps(desc, backward: bool = False) -> int:
 
 
 # The most values of a uvw/uuw path's (u, w) tile (:func:`largest_tile`) for which its product
-# runs one warp per program (:func:`num_warps`); DiffDock's 32 x 32 tiles ran one warp already.
+# runs the batched kernels on one warp per program (:func:`batched_warps`); DiffDock's 32 x 32
+# tiles ran one warp already.
 ONE_WARP_TILE = 1024
+
+
+def batched_warps(desc, backward: bool = False) -> int:
+    """Warps per program of the batched forward (or `backward`): :func:`num_warps`, but one
+    for a product of ``uvw``/``uuw`` paths only whose ``(u, w)`` tiles all hold at most
+    :data:`ONE_WARP_TILE` values, forward and backward: the tiles' sums over ``u`` then stay in
+    warp shuffles. Measured (H200, tetris-poly-2, tiles of 64 x 4, 50,000 rows, one row per
+    program, ms with 2 -> 1 warps): float32 fwd 0.097 -> 0.076, fwd+bwd 0.323 -> 0.233, dbl
+    0.242 -> 0.166; float64 fwd 0.181 -> 0.132. The conv keeps :func:`num_warps` (not measured
+    there)."""
+    knob = BACKWARD_WARPS if backward else FORWARD_WARPS
+    modes = {p.mode for p in desc.active_paths}
+    if knob is None and modes and modes <= {"uvw", "uuw"} and largest_tile(desc) <= ONE_WARP_TILE:
+        return 1
+    return num_warps(desc, backward)
 
 
 def largest_tile(desc) -> int:
     """The most values of a ``uvw``/``uuw`` path's ``(u, w)`` tile (channel chunks of ``x``
     times of the output, :func:`chunks`); 0 without such paths."""
     widest = lambda mul: max(size for _, size in chunks(mul))  # noqa: E731
-    return max((widest(p.mul_in1) * widest(p.mul_out) for p in desc.active_paths if p.mode in ("uvw", "uuw")), default=0)
+    tiles = [widest(p.mul_in1) * widest(p.mul_out) for p in desc.active_paths if p.mode in ("uvw", "uuw")]
+    return max(tiles, default=0)
 
 
 def channelwise(desc) -> bool:
@@ -700,9 +715,9 @@ def forward_groups(desc, dtype) -> list[list[int]]:
     float64 41.2 (one program, an earlier process) / 6.13 (groups of 64) -> 4.32 (side by side).
     Groups under a budget (32-128 per thread) were no better than one of the two."""
     if FORWARD_ACCUMULATORS is not None:
-        return output_groups(desc, FORWARD_ACCUMULATORS, num_warps(desc))
-    if jnp.dtype(dtype) == jnp.float64 or desc.dims[2] > FORWARD_OUTPUTS_PER_THREAD * 32 * num_warps(desc):
-        return output_groups(desc, 0, num_warps(desc))
+        return output_groups(desc, FORWARD_ACCUMULATORS, batched_warps(desc))
+    if jnp.dtype(dtype) == jnp.float64 or desc.dims[2] > FORWARD_OUTPUTS_PER_THREAD * 32 * batched_warps(desc):
+        return output_groups(desc, 0, batched_warps(desc))
     return [list(range(len(desc.out)))]
 
 
@@ -748,7 +763,7 @@ def forward_sum(desc, arrays, *, terms=FORWARD_TERMS):
     # groups first, so the programs of one block of rows are launched side by side and can
     # share its x and y reads in L2 (the other order was not measured)
     grid = (len(groups), pl.cdiv(n, rpp))
-    z = pallas_call(kernel, jax.ShapeDtypeStruct((n * do,), dtype), grid, num_warps(desc), name="jequi_tp_fwd")(
+    z = pallas_call(kernel, jax.ShapeDtypeStruct((n * do,), dtype), grid, batched_warps(desc), name="jequi_tp_fwd")(
         *(arrays[a].reshape(-1) for a in used)
     )
     return z.reshape(n, do)
@@ -834,18 +849,23 @@ def backward_sum(desc, g, arrays, *, terms, shared_weights: bool):
 
     grid = (pl.cdiv(n, rpp), len(groups))
     gx, gy, gw = unpack(
-        pallas_call(kernel, shapes, grid, num_warps(desc, backward=True), name="jequi_tp_bwd")(
+        pallas_call(kernel, shapes, grid, batched_warps(desc, backward=True), name="jequi_tp_bwd")(
             g.reshape(-1), *(arrays[a].reshape(-1) for a in used)
         )
     )
     if gy is not None:
         gy = add_parts(gy.reshape(len(groups), n, d2))
-    if gw is not None:
-        gw = gw.reshape(n, nw)
-        # Shared weights: per-row gradients summed by XLA (a pass over N x nw; see the issue note).
-        gw = gw.sum(0) if shared_weights else gw
     return (
         None if gx is None else gx.reshape(n, d1),
         gy,
-        gw,
+        weight_gradient(gw, n, nw, shared_weights),
     )
+
+
+def weight_gradient(gw, n: int, nw: int, shared_weights: bool):
+    """The batched backward's flat per-row ``gw`` output as ``(n, nw)``, summed over rows for
+    shared weights (by XLA: a pass over ``n x nw``); None stays None."""
+    if gw is None:
+        return None
+    gw = gw.reshape(n, nw)
+    return gw.sum(0) if shared_weights else gw

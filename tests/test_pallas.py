@@ -33,9 +33,15 @@ PROBLEMS = {
     # one-channel inputs: pallas_kernels.row_blocks
     "uvw-rows": lambda: jequi.fully_connected("0e+1o+2e", "0e+1o", "3x0e+2x1o+2x1e+2x2e"),
     "uvw-rows-ir_mul": lambda: jequi.fully_connected("0e+1o+2e", "0e+1o", "3x0e+2x1o+2x1e+2x2e", layout="ir_mul"),
+    # ... with an output (2x0o), an x segment (3o) and a y segment (2e) no path reaches, and a
+    # path of weight zero (its gw is zero)
+    "uvw-rows-sparse": lambda: jequi.TensorProduct(
+        "0e+1o+3o", "0e+1o+2e", "2x0o+2x0e+1x1o", [(0, 0, 1, "uvw", True), (1, 1, 1, "uvw", True),
+                                                   (0, 1, 2, "uvw", True), (1, 0, 2, "uvw", True, 0.0)]
+    ),
 }
 if ON_GPU:
-    for n in ("mace-large", "nequip-oam-main", "nequix-first", "diffdock-l2", "tetris-poly-1", "tetris-1-sc"):
+    for n in ("mace-large", "nequip-oam-main", "nequix-first", "diffdock-l2", "tetris-poly-1", "tetris-0-lin2", "tetris-1-sc"):
         PROBLEMS[n] = functools.partial(jequi.problems.get, n)
     for n in ("mace-large", "nequip-oam-main"):  # one-warp forwards (num_warps)
         PROBLEMS[n + "-ir_mul"] = functools.partial(jequi.problems.get, n, layout="ir_mul")
@@ -152,6 +158,7 @@ SECOND_ORDER_CASES += [("uvu", "tp", True, "force-training"), ("uvw", "tp", True
 SECOND_ORDER_CASES += [("uvu", "conv", True, "force-training"), ("uvu", "conv-kahan", False, "all")]
 SECOND_ORDER_CASES += [("uvu", "tp", False, "dgz-only"), ("uvw", "conv", True, "dgz-only"), ("uvw", "tp", False, "dw-only")]
 SECOND_ORDER_CASES += [("uvw-rows", "tp", False, "all"), ("uvw-rows-ir_mul", "tp", True, "force-training")]
+SECOND_ORDER_CASES += [("uvw-rows-sparse", "tp", False, "all")]
 
 
 @pytest.mark.parametrize("name, op, shared, spec", SECOND_ORDER_CASES)
@@ -422,16 +429,33 @@ def test_row_blocks_rule():
         assert not applies(jequi.problems.get(name).descriptor.trilinear), name
     assert not applies(jequi.fully_connected("2x0e+1o", "0e+1o", "3x0e+2x1o").descriptor.trilinear)
     assert not applies(jequi.channelwise("0e+1o", "0e+1o", "0e+1o").descriptor.trilinear)
-    assert pallas_kernels.batched.kernels(PROBLEMS["uvw-rows"]().descriptor.trilinear) is pallas_kernels.row_blocks
+    assert pallas_kernels.batched.kernels_for(PROBLEMS["uvw-rows"]().descriptor.trilinear) is pallas_kernels.row_blocks
 
 
-def test_row_blocks_tail_rows(monkeypatch, fresh_kernels):
-    """Blocks of rows past the batch's end (clamped onto its last row) and several programs:
-    values and gradients as the reference."""
+@pytest.mark.parametrize("shared", [False, True])
+def test_row_blocks_tail_rows(shared, monkeypatch, fresh_kernels):
+    """Several programs and a last block past the batch's end (its rows clamped onto the last
+    one, per-row gw stored twice before the shared-weight sum): values, gradients and the fused
+    second order as the reference."""
     monkeypatch.setattr(pallas_kernels.row_blocks, "FORWARD_ROWS", 4)
     monkeypatch.setattr(pallas_kernels.row_blocks, "BACKWARD_ROWS", 2)
     tp = PROBLEMS["uvw-rows"]()
-    check_batched(tp, "pallas", 7, np.float64, False, 1e-12)
+    check_batched(tp, "pallas", 7, np.float64, shared, 1e-12)
+    desc = tp.descriptor.trilinear
+    rng = np.random.default_rng(12)
+    x, y, gz, ggx, ggy = (rng.normal(size=(7, d)) for d in desc.dims[:2] + desc.dims[2:] + desc.dims[:2])
+    w, ggw = rng.normal(size=(2, desc.weight_numel) if shared else (2, 7, desc.weight_numel))
+    arrays = (x, y, w, gz, ggx, ggy, ggw)
+    expected = _second_order_reference(functools.partial(xla.forward, desc), SPECS["all"], arrays)
+    for a, b in zip(pallas.second(desc, SPECS["all"], arrays), expected):
+        assert_close(a, b, 1e-12)
+
+
+def test_rows_per_program_tail(monkeypatch, fresh_kernels):
+    """The per-row kernels with several rows per program and a partial last program."""
+    monkeypatch.setattr(pallas_kernels.tensor_product, "ROWS_PER_PROGRAM", 2)
+    for name in ("uvu-ir_mul", "uvw"):
+        check_batched(PROBLEMS[name](), "pallas", 5, np.float64, False, 1e-12)
 
 
 def test_lane_tile_sum_order():
@@ -451,8 +475,9 @@ def test_unsupported_mode_is_a_clear_error():
 
 def test_rows_and_warps_rules():
     """Eight rows per program for channelwise products from 8,192 rows (two for a one-warp
-    forward in ir_mul), else one; uvw products
-    whose (u, w) tiles hold at most ONE_WARP_TILE values run one warp, wider ones the width rule."""
+    forward in ir_mul), else one. The batched kernels of uvw products whose (u, w) tiles hold
+    at most ONE_WARP_TILE values run one warp, wider ones (and the conv, and products with uvu
+    paths too) the width rule."""
     tpk = pallas_kernels.tensor_product
     desc = lambda name: jequi.problems.get(name).descriptor.trilinear  # noqa: E731
     assert tpk.rows_per_program(desc("mace-large"), 50000) == 8
@@ -464,9 +489,14 @@ def test_rows_and_warps_rules():
         assert tpk.rows_per_program(ir_mul(name), 50000) == 8
     assert tpk.rows_per_program(ir_mul("nequip-benzene"), 50000, forward=True) == 8  # two warps
     assert tpk.largest_tile(desc("tetris-poly-2")) == 64 * 4 and tpk.largest_tile(desc("mace-large")) == 0
+    mixed = jequi.TensorProduct(
+        "128x0e+1x1o", "0e+1o", "128x0e+2x1o", [(0, 0, 0, "uvu", True), (1, 0, 1, "uvw", True)]
+    ).descriptor.trilinear
     for backward in (False, True):
-        assert tpk.num_warps(desc("tetris-poly-2"), backward) == 1  # widest chunk 64: two by the width rule
-        assert tpk.num_warps(desc("tetris-1-lin2"), backward) == 4
+        assert tpk.batched_warps(desc("tetris-poly-2"), backward) == 1  # widest chunk 64: two by the width rule
+        assert tpk.num_warps(desc("tetris-poly-2"), backward) == 2  # the conv's
+        assert tpk.batched_warps(desc("tetris-1-lin2"), backward) == 4
+        assert tpk.batched_warps(mixed, backward) == tpk.num_warps(mixed, backward)
 
 
 def test_backward_groups_rule():
