@@ -6,8 +6,8 @@
         [--edge-splits auto,1,2,4,8] [--rows auto,1,8] [--backward-groups auto,0,1]
         [--forward-accumulators auto,64,128] [--cotangent-layout ir_mul,mul_ir]
         [--backward-chunks auto,1,2,4] [--channel-windows auto,1,2] [--fma 1,0]
-        [--chained-forward auto,0,1] [--fused-forward auto,0,1] [--forward-block-rows 16,32] [--forward-block-warps 4,8]
-        [--backward-block-rows auto,16] [--backward-block-warps 2,4]
+        [--chained-forward auto,0,1] [--fused-forward auto,0,1] [--forward-block-rows 16,32]
+        [--forward-block-warps 4,8] [--backward-block-rows auto,16] [--backward-block-warps 2,4]
         [--no-backward] [--dbl-batch 20000]
         [--layouts mul_ir,ir_mul]
 
@@ -25,11 +25,12 @@ split over programs; 0 = a program per segment, auto = forward_groups' rule),
 CHANNEL_WINDOWS (the batched backward's programs per group by x channels, auto =
 channel_windows' rule) and FUSED_FORWARD (the batched forward's multiply-adds fused, auto =
 by dtype) of pallas_kernels.tensor_product; FORWARD_ROWS, FORWARD_WARPS, BACKWARD_ROWS (auto =
-by dtype) and BACKWARD_WARPS (rows and warps per program) of pallas_kernels.row_blocks; FUSED_MULTIPLY_ADD (multiply-adds as one
-instruction) of pallas_kernels.lowering. Prints conv fwd and fwd+bwd ms per setting (unless
---no-conv), with --tp-batch the batched product's too, and with --dbl-batch the batched
-product's double backward (gpu_benchmark.py's dbl) on that many of those rows. --channelwise
-adds a product of one's own irreps (jequi.channelwise), e.g. a model's convolution.
+by dtype) and BACKWARD_WARPS (rows and warps per program) of pallas_kernels.row_blocks;
+FUSED_MULTIPLY_ADD (multiply-adds as one instruction) of pallas_kernels.lowering. Prints conv
+fwd and fwd+bwd ms per setting (unless --no-conv), with --tp-batch the batched product's too,
+and with --dbl-batch the batched product's double backward (gpu_benchmark.py's dbl) on that
+many of those rows. --channelwise adds a product of one's own irreps (jequi.channelwise), e.g.
+a model's convolution.
 --layouts builds every product in each of these layouts (x, y, z and the conv's node arrays).
 """
 

@@ -108,22 +108,25 @@ def _contraction(terms, x1, y1, bx: Block, by: Block) -> dict:
     return _contract_x(_contract_y(terms, lambda j: by.column(y1[j])), lambda i: bx.column(x1[i]))
 
 
-def _forward_segment(desc, s: int, triples, dtype):
+def _forward_segment(desc, s: int, triples, rows_per_block: int, dtype):
     """``(positions, tile)`` of output segment `s`: the sum over `triples` (Blocks of the
-    ``x``-, ``y``- and ``w``-like operands) and its paths."""
+    ``x``-, ``y``- and ``w``-like operands) and its paths, each contraction taken once for all
+    of the segment's channel chunks."""
     seg = desc.out[s]
     index = seg.index()
-    paths = [p for p in desc.active_paths if p.i_out == s]
+    acc = {}  # (c0, k) -> tile
+    for p in desc.active_paths:
+        if p.i_out != s:
+            continue
+        x1, y1, terms = _path_operands(desc, p)
+        for bx, by, bw in triples:
+            t = _contraction(terms, x1, y1, bx, by)
+            for c0, _, positions in _weight_chunks(p):
+                for k, tk in t.items():
+                    acc[c0, k] = _dot([(bw.tile(positions), tk[:, None])], start=acc.get((c0, k)))
     for c0, cs in chunks(seg.mul):
-        acc = {}
-        for p in paths:
-            x1, y1, terms = _path_operands(desc, p)
-            positions = p.weight_offset + np.arange(c0, c0 + cs)  # of u = v = 0, as _weight_chunks
-            for bx, by, bw in triples:
-                for k, tk in _contraction(terms, x1, y1, bx, by).items():
-                    acc[k] = _dot([(bw.tile(positions), tk[:, None])], start=acc.get(k))
         for k in range(seg.ir_dim):
-            yield index[c0 : c0 + cs, k], acc[k] if k in acc else jnp.zeros((triples[0][0].rows.shape[0], cs), dtype)
+            yield index[c0 : c0 + cs, k], acc[c0, k] if (c0, k) in acc else jnp.zeros((rows_per_block, cs), dtype)
 
 
 def _blocks(arrays, refs: dict, rows) -> dict:
@@ -148,7 +151,7 @@ def forward_sum(desc, arrays, *, terms=FORWARD_TERMS):
         blocks = _blocks(arrays, dict(zip(used, in_refs)), rows)
         triples = [(blocks[a], blocks[b], blocks[c]) for a, b, c in terms]
         for s in range(len(desc.out)):
-            for positions, tile in _forward_segment(desc, s, triples, dtype):
+            for positions, tile in _forward_segment(desc, s, triples, rows_per_block, dtype):
                 _store_tile(z_ref, rows, do, positions, tile)
 
     z = pallas_call(
