@@ -32,7 +32,10 @@ inputs are *perturbed* (carry a nonzero tangent at that level of differentiation
 training, for instance, the spherical harmonics ``y`` depend on the positions but not on the
 parameters, so the loss gradient's backward calls never compute ``gy`` (on the Pallas
 backend, its cross-channel sums are the most expensive part of the backward kernel), and each
-of the three backward calls above skips the gradient its cotangent replaces.
+of the three backward calls above skips the gradient its cotangent replaces. The other way
+round, a gradient that is computed but then not used (``gw`` of the first backward when a
+loss reads ``gx`` and ``gy`` only) is dropped when JAX prunes the program
+(:mod:`jequi.pruned_backward`).
 
 A backend may fuse the rule (``second`` of :func:`trilinear_op`): the identity's sums,
 described by a :class:`SecondOrder`, in one pass per kind of result. The pallas backend runs
@@ -56,6 +59,8 @@ from typing import Callable, NamedTuple
 
 import jax
 from jax.custom_derivatives import SymbolicZero
+
+from . import pruned_backward
 
 
 def _is_zero(ct) -> bool:
@@ -170,7 +175,7 @@ def trilinear_op(forward: Callable, backward: Callable, second: Callable | None 
 
     @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
     def backward_op(needs, x, y, w, gz, *aux):
-        return tuple(backward(x, y, w, gz, *aux, needs=needs))
+        return pruned_backward.bind(backward, needs, x, y, w, gz, *aux)
 
     def backward_fwd(needs, x, y, w, gz, *aux):
         perturbed = _Perturbed.of(x, y, w, gz)

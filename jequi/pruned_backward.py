@@ -1,0 +1,89 @@
+"""A backend's backward kernel as one JAX primitive that computes only the gradients used.
+
+A kernel (a ``pallas_call``, an FFI call) is one equation with one output per gradient, and
+XLA cannot drop an output of a custom call: a program that uses ``gx`` and ``gy`` of a
+backward but not ``gw`` still pays for ``gw``'s sums and its writes. That is the double
+backward's case in force training and in any loss of ``(gx, gy)``: its first backward runs
+in the primal pass, where ``needs`` still says all three (``gw``'s tangent is known only
+later, when JAX prunes the linearized program).
+
+:func:`bind` calls ``backward`` through the primitive ``jequi_backward``, whose ``needs``
+is a parameter. Its dead-code rule (``jax.interpreters.partial_eval.dce_rules``, applied when
+``jit``, ``grad`` and ``linearize`` prune a program) rebinds it with the ``needs`` of the
+outputs still used, or drops it; the kernel is generated when the program is lowered, after
+the pruning, so it never computes the dropped gradients. Under ``vmap`` the primitive binds
+again with the batched function (:class:`_Batched`), so batching keeps the pruning.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import jax
+from jax.extend import core
+from jax.interpreters import batching, mlir
+from jax.interpreters import partial_eval as pe
+
+backward_p = core.Primitive("jequi_backward")
+backward_p.multiple_results = True
+
+
+def bind(backward: Callable, needs: tuple[bool, ...], x, y, w, gz, *aux) -> tuple:
+    """``backward(x, y, w, gz, *aux, needs=needs)`` as ``(gx, gy, gw)`` with None where not
+    needed, through ``jequi_backward`` (``backward`` must be hashable and stable: it keys
+    JAX's caches)."""
+    needs = tuple(bool(n) for n in needs)
+    outs = iter(backward_p.bind(x, y, w, gz, *aux, backward=backward, needs=needs))
+    return tuple(next(outs) if need else None for need in needs)
+
+
+def _impl(*args, backward, needs):
+    return [g for g in backward(*args, needs=needs) if g is not None]
+
+
+def _abstract_eval(*avals, backward, needs):
+    """The needed gradients have the shapes and dtypes of their primals ``x, y, w`` (for a
+    :class:`_Batched` backward, the batch axis first), so no backend code runs here."""
+    if isinstance(backward, _Batched):
+        size = next(a.shape[d] for a, d in zip(avals, backward.in_axes) if d is not None)
+        inner = [a if d is None else a.update(shape=a.shape[:d] + a.shape[d + 1 :]) for a, d in zip(avals, backward.in_axes)]
+        return [g.update(shape=(size, *g.shape)) for g in _abstract_eval(*inner, backward=backward.backward, needs=needs)]
+    return [jax.core.ShapedArray(a.shape, a.dtype) for a, need in zip(avals[:3], needs) if need]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Batched:
+    """``backward`` under ``jax.vmap`` with the operands' batch axes (outputs on axis 0)."""
+
+    backward: Callable
+    in_axes: tuple
+
+    def __call__(self, *args, needs):
+        return jax.vmap(lambda *a: self.backward(*a, needs=needs), in_axes=self.in_axes)(*args)
+
+
+def _batch(args, dims, *, backward, needs):
+    outs = backward_p.bind(*args, backward=_Batched(backward, tuple(dims)), needs=needs)
+    return outs, [0] * len(outs)
+
+
+def _dce(used_outputs, *rest):
+    """Keep the used gradients only. The rule's arguments are ``(used_outputs, eqn)`` in jax
+    0.11 and ``(used_outputs, live_ins, eqn)`` from 0.12 on: ``eqn`` is the last."""
+    eqn = rest[-1]
+    if not any(used_outputs):
+        return [False] * len(eqn.invars), None
+    if all(used_outputs):
+        return [True] * len(eqn.invars), eqn
+    used = iter(used_outputs)
+    needs = tuple(need and next(used) for need in eqn.params["needs"])
+    kept = [v for v, u in zip(eqn.outvars, used_outputs) if u]
+    return [True] * len(eqn.invars), eqn.replace(params={**eqn.params, "needs": needs}, outvars=kept)
+
+
+backward_p.def_impl(_impl)
+backward_p.def_abstract_eval(_abstract_eval)
+mlir.register_lowering(backward_p, mlir.lower_fun(_impl, multiple_results=True))
+batching.primitive_batchers[backward_p] = _batch
+pe.dce_rules[backward_p] = _dce
