@@ -5,7 +5,7 @@ schedule knobs (GPU run, device tool).
         [--layouts mul_ir,ir_mul] [--backends cuda,cuda-atomic,pallas] [--tp-batch 50000] [--dbl-batch 20000]
         [--forward-registers 64] [--batched-forward-registers 128] [--backward-values 128]
         [--prefetch 64,0] [--min-warps 16,0] [--l2-prefetch 4,0] [--block-warps 8] [--channels 1,4]
-        [--smem-budget 65536] [--spill-bytes 64,128] [--second fused,composed]
+        [--smem-budget 65536] [--spill-bytes rule,64,0] [--second fused,composed]
         [--no-conv] [--no-backward] [--conv-dbl]
 
 Knobs: the fields of ``ffi.schedule.Config`` (comma lists are swept),
@@ -57,11 +57,12 @@ def main():
     ap.add_argument("--conv-dbl", action="store_true", help="also the conv's double backward (tune_conv.time_dbl)")
     ap.add_argument("--backward", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--smem-budget", default=str(codegen.SMEM_BUDGET))
-    ap.add_argument("--spill-bytes", default=str(ops.SPILL_BYTES))
+    ap.add_argument("--spill-bytes", default="rule", help="comma list: rule (ffi.ops.SPILL_BYTES per dtype) or bytes for every dtype")
     ap.add_argument("--second", default="fused", help="comma list: fused, composed (the cuda double backward)")
     for k in KNOBS:
         ap.add_argument("--" + k.replace("_", "-"), default=str(getattr(schedule.DEFAULT, k)))
     a = ap.parse_args()
+    rule = ops.SPILL_BYTES
     if a.dtype == "float64":
         jax.config.update("jax_enable_x64", True)
     atoms, _, graph = structures.radius_graph(a.graph)
@@ -85,7 +86,7 @@ def main():
                     jequi.tensor_product._tp_op.cache_clear()
                     jequi.tensor_product._conv_op.cache_clear()
                     label += f" {second} spill={spill}"
-                    ops.SPILL_BYTES = int(spill)
+                    ops.SPILL_BYTES = rule if spill == "rule" else dict.fromkeys(ops.DTYPES, int(spill))
                     codegen.SMEM_BUDGET = int(smem)
                     schedule.DEFAULT = dataclasses.replace(schedule.DEFAULT, **{k: int(v) for k, v in zip(KNOBS, values)})
                     ops.clear()
