@@ -2,10 +2,11 @@
 
 A kernel (a ``pallas_call``, an FFI call) is one equation with one output per gradient, and
 XLA cannot drop an output of a custom call: a program that uses ``gx`` and ``gy`` of a
-backward but not ``gw`` still pays for ``gw``'s sums and its writes. That is the double
-backward's case in force training and in any loss of ``(gx, gy)``: its first backward runs
-in the primal pass, where ``needs`` still says all three (``gw``'s tangent is known only
-later, when JAX prunes the linearized program).
+backward but not ``gw`` still pays for ``gw``'s sums and its writes. That is the case of a
+double backward whose loss reads ``gx`` and ``gy`` only (weights that do not depend on what
+the first gradient is taken for): its first backward runs in the primal pass, where
+``needs`` still says all three (that ``gw`` is unused is known only later, when JAX prunes
+the linearized program).
 
 :func:`bind` calls ``backward`` through the primitive ``jequi_backward``, whose ``needs``
 is a parameter. Its dead-code rule (``jax.interpreters.partial_eval.dce_rules``, applied when
