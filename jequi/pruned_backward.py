@@ -8,12 +8,13 @@ the first gradient is taken for): its first backward runs in the primal pass, wh
 ``needs`` still says all three (that ``gw`` is unused is known only later, when JAX prunes
 the linearized program).
 
-:func:`bind` calls ``backward`` through the primitive ``jequi_backward``, whose ``needs``
-is a parameter. Its dead-code rule (``jax.interpreters.partial_eval.dce_rules``, applied when
-``jit``, ``grad`` and ``linearize`` prune a program) rebinds it with the ``needs`` of the
-outputs still used, or drops it; the kernel is generated when the program is lowered, after
-the pruning, so it never computes the dropped gradients. Under ``vmap`` the primitive binds
-again with the batched function (:class:`_Batched`), so batching keeps the pruning.
+:func:`bind` calls ``backward`` through the primitive ``jequi_backward``, whose ``needs`` is
+a parameter. Its dead-code rule (``jax.interpreters.partial_eval.dce_rules``, applied when a
+traced program is pruned: under ``jit``, not in eager op-by-op execution) rebinds it with
+the ``needs`` of the outputs still used, or drops it; the kernel is generated when the
+program is lowered, after the pruning, so it never computes the dropped gradients. Under
+``vmap`` the primitive binds again with the batched function (:class:`_Batched`), so
+batching keeps the pruning.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import dataclasses
 from typing import Callable
 
 import jax
+import jax.numpy as jnp
 from jax.extend import core
 from jax.interpreters import batching, mlir
 from jax.interpreters import partial_eval as pe
@@ -40,22 +42,20 @@ def bind(backward: Callable, needs: tuple[bool, ...], x, y, w, gz, *aux) -> tupl
 
 
 def _impl(*args, backward, needs):
-    return [g for g in backward(*args, needs=needs) if g is not None]
+    return [g for g, need in zip(backward(*args, needs=needs), needs) if need]
 
 
 def _abstract_eval(*avals, backward, needs):
-    """The needed gradients have the shapes and dtypes of their primals ``x, y, w`` (for a
-    :class:`_Batched` backward, the batch axis first), so no backend code runs here."""
-    if isinstance(backward, _Batched):
-        size = next(a.shape[d] for a, d in zip(avals, backward.in_axes) if d is not None)
-        inner = [a if d is None else a.update(shape=a.shape[:d] + a.shape[d + 1 :]) for a, d in zip(avals, backward.in_axes)]
-        return [g.update(shape=(size, *g.shape)) for g in _abstract_eval(*inner, backward=backward.backward, needs=needs)]
-    return [jax.core.ShapedArray(a.shape, a.dtype) for a, need in zip(avals[:3], needs) if need]
+    """Each needed gradient has the type of its primal (``x``, ``y`` or ``w``: shape, dtype,
+    sharding, varying axes), so no backend code runs here; :func:`_batch` keeps that true for
+    a batched backward."""
+    del backward
+    return [a.update(weak_type=False) for a, need in zip(avals[:3], needs) if need]
 
 
 @dataclasses.dataclass(frozen=True)
 class _Batched:
-    """``backward`` under ``jax.vmap`` with the operands' batch axes (outputs on axis 0)."""
+    """``backward`` under ``jax.vmap`` with the operands' batch axes (0 or None)."""
 
     backward: Callable
     in_axes: tuple
@@ -65,7 +65,19 @@ class _Batched:
 
 
 def _batch(args, dims, *, backward, needs):
-    outs = backward_p.bind(*args, backward=_Batched(backward, tuple(dims)), needs=needs)
+    """Batch axes are moved to the front, and a primal whose gradient is needed is broadcast
+    over the batch where it is unbatched (its gradient is one per batch member anyway), so
+    each gradient again has its primal's type."""
+    size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
+    moved, axes = [], []
+    for k, (a, d) in enumerate(zip(args, dims)):
+        if d is not None:
+            a, d = jnp.moveaxis(a, d, 0), 0
+        elif k < 3 and needs[k]:
+            a, d = jnp.broadcast_to(a, (size, *a.shape)), 0
+        moved.append(a)
+        axes.append(d)
+    outs = backward_p.bind(*moved, backward=_Batched(backward, tuple(axes)), needs=needs)
     return outs, [0] * len(outs)
 
 

@@ -224,3 +224,31 @@ def test_unused_gradients_are_not_computed(backend, monkeypatch):
                 assert_close(a, e, 1e-10)
     finally:
         jequi.tensor_product._tp_op.cache_clear()
+
+
+def test_pruned_backward_keeps_types_under_shard_map_and_nested_vmap():
+    """The pruned backward's gradients carry their primals' types: the double backward runs
+    under ``shard_map`` (varying axes) and under nested ``vmap`` with batch axes not first and
+    an unbatched primal, and equals the reference."""
+    tp = PROBLEMS["channelwise"]()
+    x, y, w = random_inputs(tp, 4)
+    g = np.random.default_rng(5).normal(size=(4, tp.irreps_out.dim))
+
+    def dbl(f):
+        def loss(x, y, w, g):
+            gx, gy, _ = jax.grad(lambda x, y, w: jnp.vdot(f(x, y, w), g), argnums=(0, 1, 2))(x, y, w)
+            return jnp.sum(gx**2) + jnp.sum(jnp.sin(gy))
+
+        return jax.grad(loss, argnums=(0, 1, 2))
+
+    ours, ref = dbl(functools.partial(tp, backend="xla")), dbl(functools.partial(xla.forward, tp.descriptor))
+    mesh = jax.make_mesh((1,), ("i",), axis_types=(jax.sharding.AxisType.Auto,))
+    spec = jax.sharding.PartitionSpec("i")
+    sharded = jax.jit(jax.shard_map(ours, mesh=mesh, in_specs=(spec,) * 4, out_specs=spec))
+    for a, e in zip(sharded(x, y, w, g), ref(x, y, w, g)):
+        assert_close(a, e, 1e-10)
+    xs, ys = np.stack([x, 2 * x], axis=1), np.stack([y, -y, y], axis=1)  # (4, 2, .), (4, 3, .)
+    inner = lambda f: jax.vmap(f, in_axes=(None, 1, None, None))  # noqa: E731
+    nested = lambda f: jax.vmap(inner(f), in_axes=(1, None, None, None))  # noqa: E731
+    for a, e in zip(jax.jit(nested(ours))(xs, ys, w, g), nested(ref)(xs, ys, w, g)):
+        assert_close(a, e, 1e-10)
