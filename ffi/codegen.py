@@ -19,7 +19,8 @@ or its vector-Jacobian product (backward kinds); with substituted cotangents, th
 double backward's terms (an ``A`` table per ``y``-like operand, the ``x``- and ``w``-like
 rows loaded side by side).
 
-Per chunk of edges (rows; 32, or fewer where the tables would not fit :data:`SMEM_BUDGET`)
+Per chunk of edges (rows; 32, or fewer where the tables would not fit :data:`SMEM_BUDGET`;
+a batched kernel's block takes ``Config.batched_forward_rows`` / ``batched_backward_rows``)
 every warp first builds ``A`` (:mod:`.schedule`) for some of the chunk's terms, one edge per
 lane, with the CG coefficients as literals; after a barrier each warp runs its
 :class:`~.schedule.Program` over the chunk's edges, its channels per lane at once, reading ``A`` from
@@ -47,8 +48,10 @@ from . import schedule
 from .schedule import LANES, Program, Sums, Term
 
 # Dynamic shared memory a block may take: the largest chunk (32, 16 or 8 edges, one per lane
-# while A is built) whose A tables and gy partials fit in it.
+# while A is built; at most Config.batched_*_rows rows of a batched kernel) whose A tables
+# and gy partials fit in it.
 SMEM_BUDGET = 64 * 1024
+CHUNKS = (LANES, 16, 8, 4, 2, 1)
 MAX_THREADS = 1024
 KINDS = ("tp_forward", "tp_backward", "conv_forward", "conv_backward", "conv_atomic_backward")
 # C names by operand position (jequi.autodiff's (x, y, w, gz, ggx, ggy, ggw)): the kernel
@@ -243,7 +246,11 @@ class _Kernel:
                        for ps in schedule.block_groups(programs, config.block_warps)]  # fmt: skip
         self.warps = max(g.warps for g in self.groups)
         size = lambda chunk: max(g.smem(chunk, self.dtype.itemsize) for g in self.groups)  # noqa: E731
-        self.chunk = next((k for k in (LANES, 16) if size(k) <= SMEM_BUDGET), 8)
+        rows = config.batched_backward_rows if self.backward else config.batched_forward_rows
+        if rows not in CHUNKS:
+            raise ValueError(f"batched rows per block must be one of {CHUNKS}, not {rows}")
+        most = LANES if self.conv or shared else rows
+        self.chunk = next(k for k in CHUNKS if k <= most and (size(k) <= SMEM_BUDGET or k <= 8))
         self.smem = size(self.chunk)
         self.config = config
         self.g = self.groups[0]  # the group being emitted

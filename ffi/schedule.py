@@ -53,6 +53,15 @@ class Config:
       them, one vector load or store per component). Each lane of a program takes
       :func:`lane_channels` of them: the shared-memory reads of ``A``, the loads, stores and
       the ``gy`` shuffles are paid once for them all, and their arithmetic is independent.
+    * ``batched_forward_rows`` / ``batched_backward_rows``: rows per block of the batched
+      forward / backward kernels with per-row weights (a power of two up to 32; fewer where
+      the ``A`` tables would not fit ``codegen.SMEM_BUDGET``). Small blocks keep more of them
+      resident per multiprocessor and leave no tail wave: NequIP-LiPS float32 ``ir_mul``
+      (H200, 50,000 rows, double backward 20,000) fwd 0.323 / 0.265 / 0.271 ms at 32 / 2 / 1
+      rows, double backward 0.373 / 0.326 / 0.337 at 32 / 4 / 2; MACE-large, MACE-medium,
+      NequIP-OAM alike, in both dtypes (benchmarks/results/2026-11-24-h200-batched-rows.md).
+      Shared weights keep 32 (each block writes a partial ``gw``); a conv's chunks take 32
+      edges.
     """
 
     forward_registers: int = 128
@@ -64,6 +73,8 @@ class Config:
     backward_l2_prefetch: int = 1
     block_warps: int = 12
     channels: int = 4
+    batched_forward_rows: int = 2
+    batched_backward_rows: int = 4
 
 
 DEFAULT = Config()
