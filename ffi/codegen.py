@@ -231,11 +231,16 @@ class _Kernel:
         self.sums = sums.of_kind(self.backward)
         self.needs_gx, self.needs_gy, self.needs_gw = self.sums.needs
         self.tables = self.sums.y_likes
-        # A batched product in mul_ir keeps one channel per lane: its forward measured 1.80 ms on
-        # four (MACE-large, float32, H200) against 1.12 on one, likely its rows streamed past L1
-        # (.cs) while a lane's adjacent values arrive over several vector loads.
+        # A batched forward in mul_ir keeps one channel per lane: MACE-large's measured 1.365 ms
+        # on four channels against 0.865 on one (float32, 50,000 rows, H200; float64 2.623 on two
+        # against 3.451, but NequIP-OAM 1.628 against 1.587, and Pallas' 2.58 runs it). Its
+        # backward kinds take their channels like every other kernel, reading the rows through
+        # L1 (a lane's adjacent values arrive over several vector loads, lines shared between
+        # lanes): double backward 0.737 -> 0.684 ms, NequIP-OAM 0.525 -> 0.466, float64
+        # MACE-large 1.443 -> 1.391, NequIP-OAM 1.141 -> 1.161 (2026-11-24-h200-batched-rows.md).
         mul_ir = any(s.layout == "mul_ir" for s in (*desc.in1, *desc.out))
-        channels = 1 if mul_ir and not self.conv else config.channels
+        channels = 1 if mul_ir and not self.conv and not self.backward else config.channels
+        self.cached_rows = mul_ir and not self.conv and self.backward
         if self.backward:
             programs = schedule.backward_programs(desc, self.dtype, config.backward_values, channels, self.sums)
         else:
@@ -334,7 +339,9 @@ class _Kernel:
     def operand_loads(self, p: Program, names: _Names, sfx: str, stream: bool, xs=True, gz=False):
         """Loads of an edge's (row's) operands from the row pointers of :meth:`operand_rows`
         (named with suffix `sfx`): its ``x``-like rows where `xs`, ``gz``'s where `gz` (these
-        streamed where `stream`), and the ``w``-like rows unless the weights are shared."""
+        streamed where `stream`, but never by a batched backward in ``mul_ir``), and the
+        ``w``-like rows unless the weights are shared."""
+        stream = stream and not self.cached_rows
         out = self.x_loads(p, lambda pos: f"{VALUE[pos]}r{sfx}", stream, self.sums.x_likes) if xs else []
         out += self.g_loads(p, f"gr{sfx}", stream) if gz else []
         return out + ([] if self.shared else self.w_loads(p, names, lambda pos: f"{VALUE[pos]}r{sfx}", self.sums.w_likes))

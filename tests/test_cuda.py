@@ -39,7 +39,7 @@ if ON_GPU:
     PROBLEMS["mace-large-ir_mul"] = functools.partial(jequi.problems.get, "mace-large", layout="ir_mul")
 
 TOL = {np.float32: 5e-5, np.float64: 1e-11}
-BATCH = 300
+BATCH = 301  # odd: a partial last block for every rows-per-block setting (Config.batched_*_rows)
 
 
 def test_schedule_reproduces_the_cg_blocks():
@@ -92,6 +92,13 @@ def test_channels_per_lane():
     for name in ("vec", "vec-ir_mul"):
         source = codegen.generate(PROBLEMS[name]().descriptor.trilinear, np.float32, "conv_forward").source
         assert "reinterpret_cast<const T4*>" in source and "MAKE4(" in source
+    # a batched product in mul_ir: its forward keeps one channel per lane and streams its rows,
+    # its backward takes several and reads the rows (a lane's adjacent values) through L1
+    desc = PROBLEMS["vec"]().descriptor.trilinear
+    forward, backward = (codegen.generate(desc, np.float32, kind) for kind in ("tp_forward", "tp_backward"))
+    assert {p.channels for p in forward.programs} == {1} and "__ldcs(xr_n + " in forward.source
+    assert max(p.channels for p in backward.programs) == 4 and "__ldcs(xr_n + " not in backward.source
+    assert "reinterpret_cast<const T4*>(xr_n + " in backward.source
     in2 = jequi.TensorProduct("128x1o", "2x2e", "128x3o", [(0, 0, 0, "uvu", True)]).descriptor.trilinear
     assert [p.channels for p in schedule.forward_programs(in2, np.float32, 1000, 4)] == [1]
     # a backward lane's values (per channel) fit the budget, whatever it took to make them fit

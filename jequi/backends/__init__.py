@@ -130,10 +130,14 @@ def default_backend(desc=None, shared_weights: bool = False, conv: bool = False)
     The convolution of a wide channelwise product goes to the CUDA kernels where they were
     measured to pay (:data:`CUDA_CONV_MIN_CHANNELS`, :data:`CUDA_FOOTPRINT`). A batched
     channelwise product with per-row weights whose backward fits :data:`CUDA_FOOTPRINT` runs
-    ``"pallas+cuda"``: its forward on Pallas (MACE-large, 50,000 rows, ``ir_mul``, float32 0.670
-    vs 0.689 ms, float64 1.332 vs 1.411; in ``mul_ir`` 0.776 vs 1.114), its backward and double
-    backward on the CUDA kernels (bwd 0.881 vs 0.991 ms, dbl 0.890 vs 0.934; float64 1.643 vs
-    2.054, 1.581 vs 1.859; 2026-11-24-h200-tp-cuda-second-*.md).
+    its backward and double backward on the CUDA kernels (MACE-large, 50,000 rows, double
+    backward 20,000, ``ir_mul``: bwd 0.881 vs 0.991 ms, dbl 0.890 vs 0.934; float64 1.643 vs
+    2.054, 1.581 vs 1.859; 2026-11-24-h200-tp-cuda-second-*.md), and its forward on them too in
+    the ``ir_mul`` layout (``"cuda"``; with two rows per block they beat Pallas in all eight
+    cells of MACE-large, MACE-medium, NequIP-OAM and NequIP-LiPS in float32 and float64, by
+    0.2-8 %: 2026-11-24-h200-tp-rows-f32.md, -f64.md), on Pallas in ``mul_ir``
+    (``"pallas+cuda"``: the CUDA forward keeps one channel per lane there and lost in float64 by
+    34-63 % and in float32 on MACE-large by 14 %).
     """
     if jax.default_backend() != "gpu":
         return "xla"
@@ -147,7 +151,9 @@ def default_backend(desc=None, shared_weights: bool = False, conv: bool = False)
         return "xla"
     if shared_weights:
         return "xla" if contracts_shared_weights(desc) else "pallas"
-    return "pallas+cuda" if not conv and _cuda_runs(desc) else "pallas"
+    if conv or not _cuda_runs(desc):
+        return "pallas"
+    return "cuda" if desc.in1[0].layout == "ir_mul" else "pallas+cuda"
 
 
 def _cuda_runs(desc) -> bool:
