@@ -25,7 +25,9 @@ every warp first builds ``A`` (:mod:`.schedule`) for some of the chunk's terms, 
 lane, with the CG coefficients as literals; after a barrier each warp runs its
 :class:`~.schedule.Program` over the chunk's edges, its channels per lane at once, reading ``A`` from
 shared memory by broadcast, with the next edge's operands loaded before this one's arithmetic
-and the weight rows a few edges ahead requested into L2. Data used once streams past the
+and the weight rows a few edges ahead requested into L2 (a batched forward in ``mul_ir`` moves
+each row segment through the warp's shared memory, loaded and stored whole; its lanes' own
+components are strided). Data used once streams past the
 caches; the gathered rows keep L2. ``gy`` (a sum over channels) is reduced within a warp by a
 butterfly that halves the values each step, and across warps in a fixed order: every kernel is
 deterministic. A product with many programs spreads them over several blocks per node
@@ -232,15 +234,20 @@ class _Kernel:
         self.needs_gx, self.needs_gy, self.needs_gw = self.sums.needs
         self.tables = self.sums.y_likes
         # A batched forward in mul_ir keeps one channel per lane: MACE-large's measured 1.365 ms
-        # on four channels against 0.865 on one (float32, 50,000 rows, H200; float64 2.623 on two
-        # against 3.451, but NequIP-OAM 1.628 against 1.587, and Pallas' 2.58 runs it). Its
-        # backward kinds take their channels like every other kernel, reading the rows through
-        # L1 (a lane's adjacent values arrive over several vector loads, lines shared between
-        # lanes): double backward 0.737 -> 0.684 ms, NequIP-OAM 0.525 -> 0.466, float64
-        # MACE-large 1.443 -> 1.391, NequIP-OAM 1.141 -> 1.161 (2026-11-24-h200-batched-rows.md).
+        # on four channels against 0.865 on one (float32, 50,000 rows, H200), before its rows
+        # were staged (below). Its backward kinds take their channels like every other kernel,
+        # reading the rows through L1 (a lane's adjacent values arrive over several vector
+        # loads, lines shared between lanes): double backward 0.737 -> 0.684 ms, NequIP-OAM
+        # 0.525 -> 0.466, float64 MACE-large 1.443 -> 1.391, NequIP-OAM 1.141 -> 1.161.
         mul_ir = any(s.layout == "mul_ir" for s in (*desc.in1, *desc.out))
         channels = 1 if mul_ir and not self.conv and not self.backward else config.channels
         self.cached_rows = mul_ir and not self.conv and self.backward
+        # That forward moves its rows through shared memory (:meth:`stage_x`, :meth:`store_acc`):
+        # a warp's 32 channels of a segment are 32 * ir_dim adjacent values, loaded and stored
+        # whole by the warp, where a lane's own components are ir_dim apart (as many cache lines
+        # per load). MACE-large 0.865 -> 0.646 ms, float64 3.451 -> 1.270 (Pallas 2.574; the
+        # ir_mul kernels 0.650 and 1.264; 2026-11-24-h200-batched-rows.md).
+        self.staged = mul_ir and not self.conv and not self.backward
         if self.backward:
             programs = schedule.backward_programs(desc, self.dtype, config.backward_values, channels, self.sums)
         else:
@@ -250,7 +257,9 @@ class _Kernel:
         self.groups = [_Group(ps, self.vector, self.backward and self.needs_gy, len(self.tables))
                        for ps in schedule.block_groups(programs, config.block_warps)]  # fmt: skip
         self.warps = max(g.warps for g in self.groups)
-        size = lambda chunk: max(g.smem(chunk, self.dtype.itemsize) for g in self.groups)  # noqa: E731
+        # per warp, one segment's values of its 32 channels (the widest segment's)
+        self.stage = LANES * max(s.ir_dim for p in programs for s in (*p.x_segments, *p.out_segments)) if self.staged else 0
+        size = lambda chunk: self.warps * self.stage * self.dtype.itemsize + max(g.smem(chunk, self.dtype.itemsize) for g in self.groups)  # noqa: E731
         rows = config.batched_backward_rows if self.backward else config.batched_forward_rows
         if rows not in CHUNKS:
             raise ValueError(f"batched rows per block must be one of {CHUNKS}, not {rows}")
@@ -309,9 +318,11 @@ class _Kernel:
         else:
             assert p.channels == 1, p
             w(f"const int u = min(u0 + lane, {p.mul - 1});", f"const bool active = u0 + lane < {p.mul};")
+        if self.staged:  # the warp's first element of each segment, and how many it moves
+            w(f"const int staged = min({LANES}, {p.mul} - u0);")
         for prefix, segments in (("bx", p.x_segments), ("bo", p.out_segments)):
             for s in segments:
-                w(f"const int {prefix}{s.offset} = {_base(s, 'u')};")
+                w(f"const int {prefix}{s.offset} = {_base(s, 'u0' if self.staged else 'u')};")
 
     # Loads and stores of data read or written once (a row of the batched product, an edge's
     # weights and gradients, an output row) stream past the caches (.cs): the gathered rows
@@ -323,9 +334,31 @@ class _Kernel:
                 for s in segments for n, (offset, _) in enumerate(_vectors(s, v))]  # fmt: skip
 
     def x_loads(self, p: Program, row, stream: bool, positions):
-        """Loads of the ``x``-like operands at `positions` (``row(pos)``: C pointer of the row)."""
+        """Loads of the ``x``-like operands at `positions` (``row(pos)``: C pointer of the row);
+        staged (:attr:`staged`): the warp's values of each segment, ``lane + 32 * j``-th of them
+        in the lane's ``j``-th register."""
+        if self.staged:
+            return [(f"c{VALUE[pos]}{s.offset}_{j}", 1, self._staged_load(row(pos), s, j, p, stream))
+                    for pos in positions for s in p.x_segments for j in range(s.ir_dim)]  # fmt: skip
         return [load for pos in positions
                 for load in self._segment_loads(VALUE[pos], "bx", p.x_segments, p.channels, row(pos), stream)]  # fmt: skip
+
+    @staticmethod
+    def _staged_load(row: str, s: Segment, j: int, p: Program, stream: bool) -> str:
+        load = _load(row, f"bx{s.offset} + lane + {LANES * j}", stream)
+        return load if p.mul % LANES == 0 else f"(lane + {LANES * j} < staged * {s.ir_dim} ? {load} : T(0))"
+
+    def stage_x(self, p: Program):
+        """Staged rows: each ``x``-like segment's loaded values through the warp's shared
+        memory into the lane's own components (odd strides: no bank conflicts)."""
+        w = self.w
+        for pos in self.sums.x_likes:
+            for s in p.x_segments:
+                if s.ir_dim == 1:  # loaded as the lane's own
+                    w(f"const T {VALUE[pos]}{s.offset}_0 = c{VALUE[pos]}{s.offset}_0;")
+                    continue
+                w(*(f"tb[lane + {LANES * j}] = c{VALUE[pos]}{s.offset}_{j};" for j in range(s.ir_dim)), "__syncwarp();")
+                w(*(f"const T {VALUE[pos]}{s.offset}_{m} = tb[lane * {s.ir_dim} + {m}];" for m in range(s.ir_dim)), "__syncwarp();")
 
     def g_loads(self, p: Program, row: str, stream: bool):
         return self._segment_loads("g", "bo", p.out_segments, p.channels, row, stream)
@@ -444,7 +477,18 @@ class _Kernel:
             self.w(f"T {', '.join(f'acc{s.offset}_{k}_{c} = 0' for k in range(s.ir_dim) for c in range(p.channels))};")
 
     def store_acc(self, p: Program, row: str):
-        self.store_segments(p.out_segments, "bo", row, lambda s, k, c: f"acc{s.offset}_{k}_{c}", p.channels)
+        if not self.staged:
+            self.store_segments(p.out_segments, "bo", row, lambda s, k, c: f"acc{s.offset}_{k}_{c}", p.channels)
+            return
+        w = self.w
+        for s in p.out_segments:
+            guard = lambda j: "" if p.mul % LANES == 0 else f"if (lane + {LANES * j} < staged * {s.ir_dim}) "  # noqa: E731
+            if s.ir_dim == 1:
+                w(f"{guard(0)}__stcs({row} + bo{s.offset} + lane, acc{s.offset}_0_0);")
+                continue
+            w(*(f"tb[lane * {s.ir_dim} + {k}] = acc{s.offset}_{k}_0;" for k in range(s.ir_dim)), "__syncwarp();")
+            w(*(f"{guard(j)}__stcs({row} + bo{s.offset} + lane + {LANES * j}, tb[lane + {LANES * j}]);" for j in range(s.ir_dim)))
+            w("__syncwarp();")
 
     # --- backward --------------------------------------------------------------------------
     def backward_math(self, q: int, p: Program, names: _Names, gwrow: str, gyrow: str):
@@ -582,6 +626,9 @@ class _Kernel:
                     with w.block(f"case {self.gi}:"):
                         w(f"constexpr int NA = {self.g.layout.length}, GY = {self.g.gy_stride};")
                         at = "reinterpret_cast<T*>(smem)"
+                        if self.staged:
+                            w(f"T* tb = {at} + warp * {self.stage};")
+                            at += f" + {self.warps * self.stage}"
                         for pos in self.tables:
                             w(f"T* {_table(pos)} = {at};")
                             at = f"{_table(pos)} + K * NA"
@@ -653,6 +700,8 @@ class _Kernel:
 
         def body(q, p, names):
             def math():
+                if self.staged:
+                    self.stage_x(p)
                 self.declare_acc(p)
                 self.forward_math(p, names)
                 self.store_acc(p, "(out + (row0 + kk) * DOUT)")

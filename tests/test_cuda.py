@@ -99,6 +99,10 @@ def test_channels_per_lane():
     assert {p.channels for p in forward.programs} == {1} and "__ldcs(xr_n + " in forward.source
     assert max(p.channels for p in backward.programs) == 4 and "__ldcs(xr_n + " not in backward.source
     assert "reinterpret_cast<const T4*>(xr_n + " in backward.source
+    # ... and the forward moves a warp's 32 channels of a segment through shared memory whole
+    assert "tb[lane * 3 + 2] = " in forward.source and "tb[lane * 3 + 2] = " not in backward.source
+    wide = codegen.generate(PROBLEMS["wide"]().descriptor.trilinear, np.float32, "tp_forward").source
+    assert "if (lane + 64 < staged * 3) __stcs(" in wide  # 33 channels: the second warp moves 1 x 3 values
     in2 = jequi.TensorProduct("128x1o", "2x2e", "128x3o", [(0, 0, 0, "uvu", True)]).descriptor.trilinear
     assert [p.channels for p in schedule.forward_programs(in2, np.float32, 1000, 4)] == [1]
     # a backward lane's values (per channel) fit the budget, whatever it took to make them fit

@@ -397,7 +397,7 @@ def test_default_backend(monkeypatch, cuda):
     """xla on CPU; on GPU pallas for every product it runs, but xla for shared weights that a
     uvw path contracts over several x channels (a weight matrix per path); where the cuda
     kernels are available and a channelwise backward's footprint is small, a wide conv on them
-    and a batched product with per-row weights on pallas+cuda (mul_ir) or cuda (ir_mul)."""
+    and a batched product with per-row weights on cuda (either layout)."""
     desc = lambda name: jequi.problems.get(name).descriptor.trilinear  # noqa: E731
     unsupported = jequi.TensorProduct("3x1o", "2x1o", "2x2e", [(0, 0, 0, "uvv", True)]).descriptor.trilinear
     if not ON_GPU:
@@ -412,7 +412,7 @@ def test_default_backend(monkeypatch, cuda):
         assert jequi.default_backend(desc(name), conv=True) == "pallas", name
     assert jequi.default_backend(unsupported) == "xla"
     for name in ("mace-large", "nequip-oam-main", "nequip-lips"):  # the batched product, per-row weights
-        assert jequi.default_backend(desc(name)) == ("pallas+cuda" if cuda else "pallas"), name
+        assert jequi.default_backend(desc(name)) == ("cuda" if cuda else "pallas"), name
         ir_mul = jequi.problems.get(name, layout="ir_mul").descriptor.trilinear
         assert jequi.default_backend(ir_mul) == ("cuda" if cuda else "pallas"), name
     for name, shared in [("mace-large", True), ("nequip-benzene", False), ("diffdock-l1", False), ("tetris-poly-1", True)]:

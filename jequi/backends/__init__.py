@@ -121,23 +121,21 @@ def default_backend(desc=None, shared_weights: bool = False, conv: bool = False)
 
     Measured (benchmarks/results/2026-11-21-h200-tp.md): on GPU the Pallas kernels beat
     ``xla`` on every problem measured with per-row weights (channelwise and ``uvw``), so they
-    run every descriptor whose modes they run (alone, or as ``pallas+cuda``'s forward, below);
-    on CPU always ``xla`` (Pallas
-    runs interpreted). With shared weights, a product whose ``uvw``/``uuw`` paths contract
-    over several ``x`` channels goes to ``xla``: the kernels read each path's whole
+    run every descriptor whose modes they run, but for the CUDA kernels' products below; on
+    CPU always ``xla`` (Pallas runs interpreted). With shared weights, a product whose
+    ``uvw``/``uuw`` paths contract over several ``x`` channels goes to ``xla``: the kernels read each path's whole
     ``(u, w)`` weight block for every row, where XLA contracts the weights as matrix products
     (:func:`contracts_shared_weights`; benchmarks/results/2026-11-22-h200-shared-weights-float32.md).
     The convolution of a wide channelwise product goes to the CUDA kernels where they were
     measured to pay (:data:`CUDA_CONV_MIN_CHANNELS`, :data:`CUDA_FOOTPRINT`). A batched
     channelwise product with per-row weights whose backward fits :data:`CUDA_FOOTPRINT` runs
-    its backward and double backward on the CUDA kernels (MACE-large, 50,000 rows, double
-    backward 20,000, ``ir_mul``: bwd 0.881 vs 0.991 ms, dbl 0.890 vs 0.934; float64 1.643 vs
-    2.054, 1.581 vs 1.859; 2026-11-24-h200-tp-cuda-second-*.md), and its forward on them too in
-    the ``ir_mul`` layout (``"cuda"``; with two rows per block they beat Pallas in all eight
-    cells of MACE-large, MACE-medium, NequIP-OAM and NequIP-LiPS in float32 and float64, by
-    0.2-8 %: 2026-11-24-h200-tp-rows-f32.md, -f64.md), on Pallas in ``mul_ir``
-    (``"pallas+cuda"``: the CUDA forward keeps one channel per lane there and lost in float64 by
-    34-63 % and in float32 on MACE-large by 14 %).
+    on the CUDA kernels (``"cuda"``): with two rows per block, and in ``mul_ir`` its rows moved
+    through shared memory, their forward beat Pallas' in all 16 cells measured (MACE-large,
+    MACE-medium, NequIP-OAM, NequIP-LiPS; both layouts and dtypes; 50,000 rows: ``mul_ir``
+    float64 MACE-large 1.270 vs 2.574 ms, ``ir_mul`` float32 0.650 vs 0.654;
+    2026-11-24-h200-batched-rows.md, -tp-rows-f32.md, -tp-rows-f64.md), and their backward and
+    double backward beat Pallas' in every channelwise cell (MACE-large ``ir_mul`` bwd 0.881 vs
+    0.991 ms, dbl 0.890 vs 0.934; 2026-11-24-h200-tp-cuda-second-*.md).
     """
     if jax.default_backend() != "gpu":
         return "xla"
@@ -151,9 +149,7 @@ def default_backend(desc=None, shared_weights: bool = False, conv: bool = False)
         return "xla"
     if shared_weights:
         return "xla" if contracts_shared_weights(desc) else "pallas"
-    if conv or not _cuda_runs(desc):
-        return "pallas"
-    return "cuda" if desc.in1[0].layout == "ir_mul" else "pallas+cuda"
+    return "cuda" if not conv and _cuda_runs(desc) else "pallas"
 
 
 def _cuda_runs(desc) -> bool:
