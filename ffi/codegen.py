@@ -233,21 +233,19 @@ class _Kernel:
         self.sums = sums.of_kind(self.backward)
         self.needs_gx, self.needs_gy, self.needs_gw = self.sums.needs
         self.tables = self.sums.y_likes
-        # A batched forward in mul_ir keeps one channel per lane: MACE-large's measured 1.365 ms
-        # on four channels against 0.865 on one (float32, 50,000 rows, H200), before its rows
-        # were staged (below). Its backward kinds take their channels like every other kernel,
-        # reading the rows through L1 (a lane's adjacent values arrive over several vector
-        # loads, lines shared between lanes): double backward 0.737 -> 0.684 ms, NequIP-OAM
-        # 0.525 -> 0.466, float64 MACE-large 1.443 -> 1.391, NequIP-OAM 1.141 -> 1.161.
-        mul_ir = any(s.layout == "mul_ir" for s in (*desc.in1, *desc.out))
-        channels = 1 if mul_ir and not self.conv and not self.backward else config.channels
-        self.cached_rows = mul_ir and not self.conv and self.backward
-        # That forward moves its rows through shared memory (:meth:`stage_x`, :meth:`store_acc`):
-        # a warp's 32 channels of a segment are 32 * ir_dim adjacent values, loaded and stored
-        # whole by the warp, where a lane's own components are ir_dim apart (as many cache lines
-        # per load). MACE-large 0.865 -> 0.646 ms, float64 3.451 -> 1.270 (Pallas 2.574; the
-        # ir_mul kernels 0.650 and 1.264; 2026-11-24-h200-batched-rows.md).
-        self.staged = mul_ir and not self.conv and not self.backward
+        # A batched forward in mul_ir keeps one channel per lane (MACE-large float32, 50,000 rows,
+        # H200, before staging: 1.365 ms on four against 0.865 on one) and moves its rows through
+        # shared memory (:meth:`stage_x`, :meth:`store_acc`): a warp's 32 channels of a segment
+        # are 32 * ir_dim adjacent values, loaded and stored whole, where a lane's own components
+        # are ir_dim apart (as many cache lines per load): 0.865 -> 0.646 ms, float64 3.451 ->
+        # 1.270 (Pallas 2.574). Its backward kinds take their channels like every other kernel and
+        # read the rows through L1 (a lane's adjacent values arrive over several vector loads,
+        # lines shared between lanes): double backward 0.737 -> 0.684 ms, float64 1.443 -> 1.391
+        # (NequIP-OAM float64 1.141 -> 1.161; 2026-11-24-h200-batched-rows.md).
+        batched_mul_ir = not self.conv and any(s.layout == "mul_ir" for s in (*desc.in1, *desc.out))
+        self.staged = batched_mul_ir and not self.backward
+        self.cached_rows = batched_mul_ir and self.backward
+        channels = 1 if self.staged else config.channels
         if self.backward:
             programs = schedule.backward_programs(desc, self.dtype, config.backward_values, channels, self.sums)
         else:
@@ -318,7 +316,7 @@ class _Kernel:
         else:
             assert p.channels == 1, p
             w(f"const int u = min(u0 + lane, {p.mul - 1});", f"const bool active = u0 + lane < {p.mul};")
-        if self.staged:  # the warp's first element of each segment, and how many it moves
+        if self.staged and p.mul % LANES:  # the channels a partial warp moves
             w(f"const int staged = min({LANES}, {p.mul} - u0);")
         for prefix, segments in (("bx", p.x_segments), ("bo", p.out_segments)):
             for s in segments:
@@ -344,9 +342,15 @@ class _Kernel:
                 for load in self._segment_loads(VALUE[pos], "bx", p.x_segments, p.channels, row(pos), stream)]  # fmt: skip
 
     @staticmethod
-    def _staged_load(row: str, s: Segment, j: int, p: Program, stream: bool) -> str:
+    def _staged_in_range(p: Program, s: Segment, j: int) -> str | None:
+        """C condition that a lane's `j`-th staged value of segment `s` is one of the warp's
+        channels (None: a program of whole warps, always)."""
+        return None if p.mul % LANES == 0 else f"lane + {LANES * j} < staged * {s.ir_dim}"
+
+    def _staged_load(self, row: str, s: Segment, j: int, p: Program, stream: bool) -> str:
         load = _load(row, f"bx{s.offset} + lane + {LANES * j}", stream)
-        return load if p.mul % LANES == 0 else f"(lane + {LANES * j} < staged * {s.ir_dim} ? {load} : T(0))"
+        cond = self._staged_in_range(p, s, j)
+        return f"({cond} ? {load} : T(0))" if cond else load
 
     def stage_x(self, p: Program):
         """Staged rows: each ``x``-like segment's loaded values through the warp's shared
@@ -482,7 +486,7 @@ class _Kernel:
             return
         w = self.w
         for s in p.out_segments:
-            guard = lambda j: "" if p.mul % LANES == 0 else f"if (lane + {LANES * j} < staged * {s.ir_dim}) "  # noqa: E731
+            guard = lambda j: f"if ({cond}) " if (cond := self._staged_in_range(p, s, j)) else ""  # noqa: E731
             if s.ir_dim == 1:
                 w(f"{guard(0)}__stcs({row} + bo{s.offset} + lane, acc{s.offset}_0_0);")
                 continue

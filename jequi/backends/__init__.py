@@ -123,8 +123,9 @@ def default_backend(desc=None, shared_weights: bool = False, conv: bool = False)
     ``xla`` on every problem measured with per-row weights (channelwise and ``uvw``), so they
     run every descriptor whose modes they run, but for the CUDA kernels' products below; on
     CPU always ``xla`` (Pallas runs interpreted). With shared weights, a product whose
-    ``uvw``/``uuw`` paths contract over several ``x`` channels goes to ``xla``: the kernels read each path's whole
-    ``(u, w)`` weight block for every row, where XLA contracts the weights as matrix products
+    ``uvw``/``uuw`` paths contract over several ``x`` channels goes to ``xla``: the kernels
+    read each path's whole ``(u, w)`` weight block for every row, where XLA contracts the
+    weights as matrix products
     (:func:`contracts_shared_weights`; benchmarks/results/2026-11-22-h200-shared-weights-float32.md).
     The convolution of a wide channelwise product goes to the CUDA kernels where they were
     measured to pay (:data:`CUDA_CONV_MIN_CHANNELS`, :data:`CUDA_FOOTPRINT`). A batched
