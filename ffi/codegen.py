@@ -245,7 +245,7 @@ class _Kernel:
         batched_mul_ir = not self.conv and any(s.layout == "mul_ir" for s in (*desc.in1, *desc.out))
         self.staged = batched_mul_ir and not self.backward
         self.cached_rows = batched_mul_ir and self.backward
-        channels = 1 if self.staged else config.channels
+        channels = 1 if self.staged else config.forward_channels if self.conv and not self.backward else config.channels
         if self.backward:
             programs = schedule.backward_programs(desc, self.dtype, config.backward_values, channels, self.sums)
         else:

@@ -88,10 +88,15 @@ def test_channels_per_lane():
         assert backward[128] == (4 if dtype == np.float32 else 1)
         assert all(p.warps * schedule.LANES * p.channels == p.mul for p in forward)
     assert {p.channels for p in schedule.forward_programs(desc, np.float32, 1000, 1)} == {1}
-    # the lanes of four channels move them as one float4 per component, in either layout
+    # the lanes of four channels move them as one float4 per component, in either layout; the
+    # conv forward takes Config.forward_channels, the other kinds Config.channels
+    four = dataclasses.replace(schedule.DEFAULT, forward_channels=4)
     for name in ("vec", "vec-ir_mul"):
-        source = codegen.generate(PROBLEMS[name]().descriptor.trilinear, np.float32, "conv_forward").source
+        desc = PROBLEMS[name]().descriptor.trilinear
+        source = codegen.generate(desc, np.float32, "conv_forward", config=four).source
         assert "reinterpret_cast<const T4*>" in source and "MAKE4(" in source
+        forward = codegen.generate(desc, np.float32, "conv_forward")
+        assert max(p.channels for p in forward.programs) == schedule.DEFAULT.forward_channels
     # a batched product in mul_ir: its forward keeps one channel per lane and streams its rows,
     # its backward takes several and reads the rows (a lane's adjacent values) through L1
     desc = PROBLEMS["vec"]().descriptor.trilinear
