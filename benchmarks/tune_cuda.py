@@ -60,7 +60,7 @@ def main():
     ap.add_argument("--spill-bytes", default="rule", help="comma list: rule (ffi.ops.SPILL_BYTES per dtype) or bytes for every dtype")
     ap.add_argument("--second", default="fused", help="comma list: fused, composed (the cuda double backward)")
     for k in KNOBS:
-        ap.add_argument("--" + k.replace("_", "-"), default=str(getattr(schedule.DEFAULT, k)))
+        ap.add_argument("--" + k.replace("_", "-"), default=str(int(getattr(schedule.DEFAULT, k))))  # booleans as 0 / 1
     a = ap.parse_args()
     rule = ops.SPILL_BYTES
     if a.dtype == "float64":

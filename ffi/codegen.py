@@ -31,8 +31,9 @@ components are strided). Data used once streams past the
 caches; the gathered rows keep L2. ``gy`` (a sum over channels) is reduced within a warp by a
 butterfly that halves the values each step, and across warps in a fixed order: every kernel is
 deterministic. A product with many programs spreads them over several blocks per node
-(``blockIdx.x = node * groups + group``; the groups' ``gy`` partials are summed by the
-caller). Batches from ``jax.vmap`` arrive as grid rows ``blockIdx.y``.
+(``blockIdx.x = node * groups + group``; a float64 batched backward runs one program per
+block, program-major, ``Config.split_float64_backward``; the groups' ``gy`` partials are
+summed by the caller). Batches from ``jax.vmap`` arrive as grid rows ``blockIdx.y``.
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ class Kernel:
     threads: int
     smem: int
     chunk: int  # edges (rows) per chunk; a batched kernel's block owns one chunk of rows
-    groups: int  # blocks per node (row chunk): blockIdx.x = node * groups + group
+    groups: int  # blocks per node (row chunk), see the module docstring for their order
     programs: tuple[Program, ...]
     arrays: tuple[int, ...]  # the operand positions it takes, in parameter order (Sums.arrays)
 
@@ -231,6 +232,7 @@ class _Kernel:
         self.conv = kind.startswith("conv")
         self.atomic = kind == "conv_atomic_backward"
         self.sums = sums.of_kind(self.backward)
+        self.split = not (self.conv or shared) and self.backward and self.dtype == np.float64 and config.split_float64_backward
         self.needs_gx, self.needs_gy, self.needs_gw = self.sums.needs
         self.tables = self.sums.y_likes
         # A batched forward in mul_ir keeps one channel per lane (MACE-large float32, 50,000 rows,
@@ -253,7 +255,7 @@ class _Kernel:
             programs = schedule.forward_programs(desc, self.dtype, regs, channels, self.sums)
         self.vector = 16 // self.dtype.itemsize
         self.groups = [_Group(ps, self.vector, self.backward and self.needs_gy, len(self.tables))
-                       for ps in schedule.block_groups(programs, config.block_warps)]  # fmt: skip
+                       for ps in schedule.block_groups(programs, 1 if self.split else config.block_warps)]  # fmt: skip
         self.warps = max(g.warps for g in self.groups)
         # per warp, one segment's values of its 32 channels (the widest segment's)
         self.stage = LANES * max(s.ir_dim for p in programs for s in (*p.x_segments, *p.out_segments)) if self.staged else 0
@@ -623,7 +625,10 @@ class _Kernel:
         with w.block(f'extern "C" __global__ void __launch_bounds__({bounds}) jequi_{self.kind}({", ".join(self.params())})'):
             w("extern __shared__ __align__(16) unsigned char smem[];")
             w("const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;", "const long long b = blockIdx.y;")
-            w("const int group = blockIdx.x % G, node = blockIdx.x / G;")
+            if self.split:
+                w("const int nodes = gridDim.x / G;", "const int group = blockIdx.x / nodes, node = blockIdx.x % nodes;")
+            else:
+                w("const int group = blockIdx.x % G, node = blockIdx.x / G;")
             self._batch_offsets()
             with w.block("switch (group)"):
                 for self.gi, self.g in enumerate(self.groups):

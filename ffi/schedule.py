@@ -59,6 +59,15 @@ class Config:
       them, one vector load or store per component). Each lane of a program takes
       :func:`lane_channels` of them: the shared-memory reads of ``A``, the loads, stores and
       the ``gy`` shuffles are paid once for them all, and their arithmetic is independent.
+    * ``split_float64_backward``: a batched product's backward kinds in float64 with per-row
+      weights run one program per block (not ``block_warps``), all blocks of a program before
+      the next program's (``blockIdx.x = group * row chunks + chunk``), so a multiprocessor
+      runs one program's code at a time. H200, 50,000 rows (double backward 20,000), ms,
+      ``ir_mul``: NequIP-OAM backward (fwd+bwd less fwd) 2.147 -> 1.962, double backward
+      1.116 -> 0.924 (``mul_ir`` 2.262 -> 1.975, 1.163 -> 0.906); MACE-large double backward
+      1.450 -> 1.367; NequIP-LiPS double backward 0.667 -> 0.595, backward 1.219 -> 1.235.
+      Forward kinds lose (NequIP-OAM float64 0.77 -> 0.95 ms: each pass reads a slice of
+      every row), and so do float32 backwards (NequIP-OAM double backward 0.467 -> 0.495).
     * ``batched_forward_rows`` / ``batched_backward_rows``: rows per block of the batched
       forward / backward kernels with per-row weights (a power of two up to 32; fewer where
       the ``A`` tables would not fit ``codegen.SMEM_BUDGET``). Small blocks keep more of them
@@ -82,6 +91,7 @@ class Config:
     channels: int = 4
     batched_forward_rows: int = 2
     batched_backward_rows: int = 4
+    split_float64_backward: bool = True
 
 
 DEFAULT = Config()

@@ -142,6 +142,22 @@ def test_l2_prefetch_distances():
         assert "prefetch.global.L2" not in codegen.generate(desc, np.float32, kind, config=none).source
 
 
+def test_float64_backward_runs_one_program_per_block():
+    """A batched float64 backward with per-row weights gives each program its own blocks,
+    program-major; float32, shared weights and the conv keep several programs per block."""
+    desc = PROBLEMS["vec-ir_mul"]().descriptor.trilinear
+    split = codegen.generate(desc, np.float64, "tp_backward")
+    assert split.groups == len(split.programs) > 1
+    assert split.threads == schedule.LANES * max(p.warps for p in split.programs)
+    assert "const int group = blockIdx.x / nodes, node = blockIdx.x % nodes;" in split.source
+    kept = [codegen.generate(desc, np.float32, "tp_backward"), codegen.generate(desc, np.float64, "tp_backward", shared=True),
+            codegen.generate(desc, np.float64, "tp_forward"), codegen.generate(desc, np.float64, "conv_backward")]  # fmt: skip
+    off = dataclasses.replace(schedule.DEFAULT, split_float64_backward=False)
+    kept.append(codegen.generate(desc, np.float64, "tp_backward", config=off))
+    for k in kept:
+        assert k.groups == 1 and "blockIdx.x / nodes" not in k.source, k.kind
+
+
 def test_unsupported_modes_are_reported():
     tp = jequi.fully_connected("2x0e", "0e", "2x0e")
     assert "uvw" in ops.unsupported_reason(tp.descriptor.trilinear)
