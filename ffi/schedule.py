@@ -62,10 +62,10 @@ class Config:
     * ``split_float64_backward``: a batched product's backward kinds in float64 with per-row
       weights run one program per block (not ``block_warps``), all blocks of a program before
       the next program's (``blockIdx.x = group * row chunks + chunk``), so a multiprocessor
-      runs one program's code at a time. H200, 50,000 rows (double backward 20,000), ms,
-      ``ir_mul``: NequIP-OAM backward (fwd+bwd less fwd) 2.147 -> 1.962, double backward
-      1.116 -> 0.924 (``mul_ir`` 2.262 -> 1.975, 1.163 -> 0.906); MACE-large double backward
-      1.450 -> 1.367; NequIP-LiPS double backward 0.667 -> 0.595, backward 1.219 -> 1.235.
+      runs one program's code at a time. H200, 50,000 rows (double backward 20,000), ``ir_mul``,
+      fwd+bwd / double backward ms: NequIP-OAM 2.901 / 1.116 -> 2.715 / 0.924 (``mul_ir``
+      3.101 / 1.163 -> 2.821 / 0.906), MACE-large 4.428 / 1.450 -> 4.417 / 1.367, NequIP-LiPS
+      1.710 / 0.667 -> 1.728 / 0.595 (benchmarks/results/2026-11-25-h200-batched-gaps.md).
       Forward kinds lose (NequIP-OAM float64 0.77 -> 0.95 ms: each pass reads a slice of
       every row), and so do float32 backwards (NequIP-OAM double backward 0.467 -> 0.495).
     * ``batched_forward_rows`` / ``batched_backward_rows``: rows per block of the batched
