@@ -71,7 +71,7 @@ PEERS = ("e3nn", "cuex", "oeq", "oeq-det")
 # OpenEquivariance take e3nn's ``mul_ir``. Speedups compare a peer with jequi in its layout.
 PEER_LAYOUTS = {"e3nn": "mul_ir", "cuex": "ir_mul", "oeq": "mul_ir", "oeq-det": "mul_ir"}
 IR_MUL = "-ir_mul"  # name suffix of the jequi implementations run in the ir_mul layout
-KERNEL_BACKENDS = {"pallas", "cuda", "pallas+cuda", "cuda-atomic"}  # the jequi backends also run in the ir_mul layout
+KERNEL_BACKENDS = {"pallas", "cuda", "pallas+cuda", "cuda+pallas", "cuda-atomic"}  # the jequi backends also run in the ir_mul layout
 CONV_ONLY = {"cuda-atomic"}  # backends that differ from another only in the conv
 CHECK_ROWS = 64
 SLOW_CELL_S = 10.0  # fewer calls per repetition when a cell would take longer than this

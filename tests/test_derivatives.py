@@ -17,7 +17,7 @@ from jequi.backends import xla
 
 # the cuda backends run on a GPU only (tests/test_cuda.py covers them further)
 ON_CUDA = pytest.mark.skipif("cuda" not in jequi.available_backends(), reason="needs a CUDA GPU and nvcc")
-BACKENDS = ["xla", "pallas", pytest.param("cuda", marks=ON_CUDA), pytest.param("pallas+cuda", marks=ON_CUDA)]
+BACKENDS = ["xla", "pallas", *(pytest.param(b, marks=ON_CUDA) for b in ("cuda", "pallas+cuda", "cuda+pallas"))]
 CONV_BACKENDS = [*BACKENDS, pytest.param("cuda-atomic", marks=ON_CUDA)]  # differs from cuda in the conv only
 
 PROBLEMS = {

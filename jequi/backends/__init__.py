@@ -5,7 +5,8 @@ A backend is a set of four functions taking the descriptor first:
 ``conv_forward(desc, x, y, w, graph[, kahan])`` and
 ``conv_backward(desc, x, y, w, gout, graph, needs[, kahan])`` (``graph`` a :class:`jequi.Graph`;
 ``kahan`` only where ``supports_kahan``). ``"pallas+cuda"`` takes its forward kernels from
-the Pallas backend and its backward ones from the cuda backend; ``"cuda-atomic"`` is the cuda
+the Pallas backend and its backward ones (and fused double backward) from the cuda backend,
+``"cuda+pallas"`` the other way round; ``"cuda-atomic"`` is the cuda
 backend with a conv backward that adds ``gx`` with atomics (faster, not bitwise
 reproducible). ``needs`` (three bools, default all True) says which of ``(gx, gy, gw)`` a
 backward computes; it returns None for the others.
@@ -22,6 +23,7 @@ import functools
 from typing import Callable
 
 import jax
+import jax.numpy as jnp
 
 from . import cuda, pallas, xla
 from .cuda import footprint as cuda_footprint
@@ -78,6 +80,10 @@ BACKENDS["pallas+cuda"] = Backend(
     "pallas+cuda", pallas.forward, cuda.backward, pallas.conv_forward, cuda.conv_backward, _check_pallas_and_cuda,
     available=cuda.available, second=cuda.second, conv_second=cuda.conv_second,
 )  # fmt: skip
+BACKENDS["cuda+pallas"] = Backend(
+    "cuda+pallas", cuda.forward, pallas.backward, cuda.conv_forward, pallas.conv_backward, _check_pallas_and_cuda,
+    available=cuda.available, second=pallas.second, conv_second=pallas.conv_second,
+)  # fmt: skip
 
 
 def available_backends() -> list[str]:
@@ -85,11 +91,12 @@ def available_backends() -> list[str]:
     return [name for name, b in BACKENDS.items() if b.available()]
 
 
-def resolve(name: str | None, desc, shared_weights: bool = False, conv: bool = False) -> Backend:
+def resolve(name: str | None, desc, shared_weights: bool = False, conv: bool = False, dtype=None) -> Backend:
     """The backend called `name` for descriptor `desc`, or the default one for it (for weights
-    shared by every row, `shared_weights`, and for the fused convolution, `conv`)."""
+    shared by every row, `shared_weights`, for the fused convolution, `conv`, and operands of
+    `dtype`)."""
     if name is None:
-        name = default_backend(desc, shared_weights, conv)
+        name = default_backend(desc, shared_weights, conv, dtype)
     if name not in BACKENDS:
         raise ValueError(f"unknown backend {name!r}; known backends: {', '.join(BACKENDS)}")
     backend = BACKENDS[name]
@@ -114,10 +121,11 @@ CUDA_CONV_MIN_CHANNELS = 128
 CUDA_FOOTPRINT = 100
 
 
-def default_backend(desc=None, shared_weights: bool = False, conv: bool = False) -> str:
+def default_backend(desc=None, shared_weights: bool = False, conv: bool = False, dtype=None) -> str:
     """The fastest correct backend for `desc` on the default JAX platform (with weights
-    shared by every row if `shared_weights`; for the fused convolution if `conv`); without a
-    descriptor, the platform's default for the products the Pallas kernels run.
+    shared by every row if `shared_weights`; for the fused convolution if `conv`; for
+    operands of `dtype`, float32 if None); without a descriptor, the platform's default for
+    the products the Pallas kernels run.
 
     Measured (benchmarks/results/2026-11-21-h200-tp.md): on GPU the Pallas kernels beat
     ``xla`` on every problem measured with per-row weights (channelwise and ``uvw``), so they
@@ -136,13 +144,22 @@ def default_backend(desc=None, shared_weights: bool = False, conv: bool = False)
     float64 MACE-large 1.270 vs 2.574 ms, ``ir_mul`` float32 0.650 vs 0.654;
     2026-11-24-h200-batched-rows.md, -tp-rows-f32.md, -tp-rows-f64.md), and their backward and
     double backward beat Pallas' in every channelwise cell (MACE-large ``ir_mul`` bwd 0.881 vs
-    0.991 ms, dbl 0.890 vs 0.934; 2026-11-24-h200-tp-cuda-second-*.md).
+    0.991 ms, dbl 0.890 vs 0.934; 2026-11-24-h200-tp-cuda-second-*.md). A batched channelwise
+    product whose backward does not fit (NequIP-benzene: 64 channels, l up to 3, 134 values)
+    splits by derivative order: in float32 the CUDA forward and the Pallas backward and double
+    backward (``"cuda+pallas"``), in float64 the other way round (``"pallas+cuda"``).
+    NequIP-benzene, 50,000 rows (double backward 20,000), ms, CUDA vs Pallas: float32 ``mul_ir``
+    fwd 1.91 vs 3.23, bwd 3.46 vs 2.78, dbl 3.25 vs 2.09; ``ir_mul`` fwd 2.45 vs 2.68, bwd 3.26
+    vs 2.18; float64 fwd 5.45 vs 4.35 (``ir_mul`` 8.05 vs 3.22), bwd (``ir_mul``) 3.47 vs about
+    7.7 (``mul_ir``, fwd+bwd 12.02 less its forward), dbl 3.05 vs 4.02
+    (2026-11-25-h200-tp-benzene-backends.md).
     """
     if jax.default_backend() != "gpu":
         return "xla"
     if desc is None:
         return "pallas"
-    if conv and _cuda_runs(desc) and min(p.mul_in1 for p in desc.active_paths) >= CUDA_CONV_MIN_CHANNELS:
+    fits = _cuda_runs(desc) and cuda_footprint(desc) <= CUDA_FOOTPRINT
+    if conv and fits and min(p.mul_in1 for p in desc.active_paths) >= CUDA_CONV_MIN_CHANNELS:
         return "cuda"
     try:
         BACKENDS["pallas"].check(desc)
@@ -150,11 +167,15 @@ def default_backend(desc=None, shared_weights: bool = False, conv: bool = False)
         return "xla"
     if shared_weights:
         return "xla" if contracts_shared_weights(desc) else "pallas"
-    return "cuda" if not conv and _cuda_runs(desc) else "pallas"
+    if conv or not _cuda_runs(desc):
+        return "pallas"
+    if fits:
+        return "cuda"
+    return "pallas+cuda" if dtype is not None and jnp.dtype(dtype) == jnp.float64 else "cuda+pallas"
 
 
 def _cuda_runs(desc) -> bool:
-    """Whether the CUDA kernels are available, run `desc` and its backward fits :data:`CUDA_FOOTPRINT`."""
+    """Whether the CUDA kernels are available and run `desc`."""
     cuda = BACKENDS["cuda"]
     if not cuda.available() or not desc.active_paths:
         return False
@@ -162,7 +183,7 @@ def _cuda_runs(desc) -> bool:
         cuda.check(desc)
     except ValueError:
         return False
-    return cuda_footprint(desc) <= CUDA_FOOTPRINT
+    return True
 
 
 def contracts_shared_weights(desc) -> bool:
