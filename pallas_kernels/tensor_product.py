@@ -700,7 +700,8 @@ FORWARD_OUTPUTS_PER_THREAD = 128
 
 def forward_groups(desc, dtype) -> list[list[int]]:
     """The batched forward's program groups of output segments: a program per segment in
-    float64 (measured faster, whatever the width), and in float32 where a row's outputs exceed
+    float64 (measured faster, whatever the width), for a product with paths that contract over
+    channels (``uvw``, ``uuw``), and in float32 where a row's outputs exceed
     :data:`FORWARD_OUTPUTS_PER_THREAD` per thread
     (a row's outputs stay in registers until its stores: storing each segment early was
     slower, the loads after a store no longer overlap, results/2026-11-21-h200-ab.md); else
@@ -713,10 +714,17 @@ def forward_groups(desc, dtype) -> list[list[int]]:
     MACE-large (71 outputs per thread) 0.90 -> 0.84, NequIP-LiPS 0.31 -> 0.36, NequIP-OAM 0.57
     -> 0.72. NequIP-benzene (312 per thread): float32 2.98 (groups of 64 per thread) -> 2.25,
     float64 41.2 (one program, an earlier process) / 6.13 (groups of 64) -> 4.32 (side by side).
-    Groups under a budget (32-128 per thread) were no better than one of the two."""
+    Groups under a budget (32-128 per thread) were no better than one of the two. A ``uvw``
+    product's programs then hold fewer sums (DiffDock-L1 float32, one program: 147 registers,
+    12 one-warp blocks per multiprocessor, 58 % of DRAM bandwidth under Nsight Compute):
+    float32 (two runs each, one process per dtype, 2026-11-25) DiffDock-L1 0.539 / 0.532 ->
+    0.509 / 0.511, ``ir_mul`` 0.542 / 0.537 -> 0.511 / 0.512; DiffDock-L2 0.537 / 0.536 -> 0.514
+    / 0.524, ``ir_mul`` 0.528 / 0.527 -> 0.517 / 0.517; tetris-poly-2 0.076 / 0.074 -> 0.073 /
+    0.074, ``ir_mul`` 0.075 / 0.076 -> 0.072 / 0.072 (float64 was per segment already)."""
     if FORWARD_ACCUMULATORS is not None:
         return output_groups(desc, FORWARD_ACCUMULATORS, batched_warps(desc))
-    if jnp.dtype(dtype) == jnp.float64 or desc.dims[2] > FORWARD_OUTPUTS_PER_THREAD * 32 * batched_warps(desc):
+    wide = desc.dims[2] > FORWARD_OUTPUTS_PER_THREAD * 32 * batched_warps(desc)
+    if jnp.dtype(dtype) == jnp.float64 or not channelwise(desc) or wide:
         return output_groups(desc, 0, batched_warps(desc))
     return [list(range(len(desc.out)))]
 

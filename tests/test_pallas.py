@@ -308,15 +308,17 @@ def test_forward_groups(name, shared, dtype, budget, fresh_kernels, monkeypatch)
 
 
 def test_forward_groups_rule():
-    """Every float64 forward runs a program per output segment; a float32 one only where a row
-    has more than 128 outputs per thread (NequIP-benzene's 312, not MACE-large's 71; in ir_mul,
-    on one warp, MACE-large's 284). The conv
+    """Every float64 forward runs a program per output segment; a float32 one where its paths
+    contract over channels (uvw) or a row has more than 128 outputs per thread (NequIP-benzene's
+    312, not MACE-large's 71; in ir_mul, on one warp, MACE-large's 284). The conv
     forward's budget counts registers: a float64 sum takes two."""
     groups = pallas_kernels.tensor_product.forward_groups
     large, benzene = (jequi.problems.get(n).descriptor.trilinear for n in ("mace-large", "nequip-benzene"))
     assert groups(large, np.float32) == [list(range(len(large.out)))]
     assert groups(large, np.float64) == [[s] for s in range(len(large.out))]
     assert groups(benzene, np.float32) == [[s] for s in range(len(benzene.out))]
+    diffdock = jequi.problems.get("diffdock-l1").descriptor.trilinear  # 156 outputs, one warp
+    assert groups(diffdock, np.float32) == groups(diffdock, np.float64) == [[s] for s in range(len(diffdock.out))]
     large_ir = jequi.problems.get("mace-large", layout="ir_mul").descriptor.trilinear
     assert groups(large_ir, np.float32) == [[s] for s in range(len(large_ir.out))]  # one warp: 284 per thread
     conv_groups = [pallas_kernels.conv.conv_output_groups(large, t) for t in (np.float32, np.float64)]
