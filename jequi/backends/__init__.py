@@ -158,7 +158,8 @@ def default_backend(desc=None, shared_weights: bool = False, conv: bool = False,
         return "xla"
     if desc is None:
         return "pallas"
-    fits = _cuda_runs(desc) and cuda_footprint(desc) <= CUDA_FOOTPRINT
+    runs = _cuda_runs(desc)
+    fits = runs and cuda_footprint(desc) <= CUDA_FOOTPRINT
     if conv and fits and min(p.mul_in1 for p in desc.active_paths) >= CUDA_CONV_MIN_CHANNELS:
         return "cuda"
     try:
@@ -167,7 +168,7 @@ def default_backend(desc=None, shared_weights: bool = False, conv: bool = False,
         return "xla"
     if shared_weights:
         return "xla" if contracts_shared_weights(desc) else "pallas"
-    if conv or not _cuda_runs(desc):
+    if conv or not runs:
         return "pallas"
     if fits:
         return "cuda"
