@@ -42,7 +42,13 @@ class Config:
       of 168 registers, three blocks per multiprocessor: float32 ``ir_mul`` carbon 0.823 ->
       0.774 ms, water 0.841 -> 0.763 (four channels and 128 registers before; float64, on
       two channels either way, 1.604 -> 1.599; H200).
-    * ``batched_forward_registers``: the same for the batched forward.
+    * ``batched_forward_registers``: the same for the batched forward, whose lane holds one
+      output segment's sums at a time (:func:`forward_programs`' `one_segment`). 48, 64, 80 and
+      96 measured on MACE-large, MACE-medium, NequIP-LiPS, NequIP-OAM and NequIP-benzene (both
+      layouts and dtypes, 50,000 rows, H200): 96 is within 3 % of the best of each but for
+      NequIP-LiPS float32 ``mul_ir`` (0.266 vs 0.253 ms at 48); NequIP-benzene float64 wants more
+      (``mul_ir`` 2.78 ms at 96, 2.72 at 256), below 96 it loses up to 2.7x
+      (2026-11-25-h200-batched-forward-segments.md).
     * ``backward_values``: the values (of either dtype) a backward program holds per edge
       (:func:`backward_programs`; measured on MACE-large, the same programs in float32 and
       float64 beat a budget in registers).
@@ -351,12 +357,15 @@ def lane_channels(desc, group: list[Term], dtype, most: int) -> int:
     return v
 
 
-def forward_programs(desc, dtype, registers: int, channels: int = 1, sums: Sums = FORWARD) -> list[Program]:
+def forward_programs(desc, dtype, registers: int, channels: int = 1, sums: Sums = FORWARD,
+                     one_segment: bool = False) -> list[Program]:
     """Programs of a forward: per group, output segments in the order of their terms' ``x``
     segments, cut into the fewest balanced runs whose values per lane fit in `registers`
-    32-bit registers: the sums, the ``x`` segments read (once each, per ``x``-like operand of
-    `sums`) and the weights (per ``w``-like operand; the operands twice: the next edge's are
-    loaded early), for each of the lane's channels (at most `channels`, :func:`lane_channels`)."""
+    32-bit registers: the sums (all the run's, summed over a conv's edges; with `one_segment`,
+    the largest segment's: a batched forward stores each segment once it is computed), the
+    ``x`` segments read (once each, per ``x``-like operand of `sums`) and the weights (per
+    ``w``-like operand; the operands twice: the next edge's are loaded early), for each of
+    the lane's channels (at most `channels`, :func:`lane_channels`)."""
     words = np.dtype(dtype).itemsize // 4
     nx, nw = len(sums.x_likes), len(sums.w_likes)
     programs = []
@@ -369,7 +378,8 @@ def forward_programs(desc, dtype, registers: int, channels: int = 1, sums: Sums 
         def size(run):
             terms = [t for o in run for t in terms_of[id(o)]]
             xs = _unique(t.x for t in terms)
-            return (sum(o.ir_dim for o in run) + 2 * nx * sum(s.ir_dim for s in xs) + 2 * nw * len(terms)) * words * v
+            held = max((o.ir_dim for o in run), default=0) if one_segment else sum(o.ir_dim for o in run)
+            return (held + 2 * nx * sum(s.ir_dim for s in xs) + 2 * nw * len(terms)) * words * v
 
         cost = lambda o: sum(t.forward_cost for t in terms_of[id(o)])  # noqa: E731
         runs = _contiguous(outs, cost, size, registers)

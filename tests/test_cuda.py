@@ -74,6 +74,32 @@ def test_forward_programs_respect_the_register_budget():
                 assert sum(s.ir_dim for s in p.out_segments) * words <= budget
 
 
+def test_batched_forward_holds_one_segment_of_sums():
+    """A batched forward stores each output segment before it declares the next one's sums,
+    so its register budget counts the largest segment's (fewer, larger programs); the conv
+    forward, whose sums run over a receiver's edges, stores them all after its walk. Its
+    float64 lanes take one channel (the conv forward's two)."""
+    desc = jequi.problems.get("mace-large", layout="ir_mul").descriptor.trilinear
+    for dtype in (np.float32, np.float64):
+        for budget in (40, 64, 96):
+            held = schedule.forward_programs(desc, dtype, budget, 2, one_segment=True)
+            assert len(held) <= len(schedule.forward_programs(desc, dtype, budget, 2))
+        assert len(schedule.forward_programs(desc, dtype, 64, 2, one_segment=True)) < len(schedule.forward_programs(desc, dtype, 64, 2))
+    for name in ("vec", "vec-ir_mul"):
+        source = codegen.generate(PROBLEMS[name]().descriptor.trilinear, np.float32, "tp_forward").source
+        events = [(m.group(1) or m.group(2), bool(m.group(1))) for m in re.finditer(r"T acc(\d+)_0_0 = 0|\+ bo(\d+) \+", source)]
+        declared = [o for o, decl in events if decl]
+        assert len(declared) == len(set(declared)) > 1
+        for (o, decl), (_, next_decl) in zip(events, events[1:]):
+            if decl:
+                assert not next_decl, o  # a segment's sums are stored before the next segment's are declared
+    conv = codegen.generate(PROBLEMS["vec-ir_mul"]().descriptor.trilinear, np.float32, "conv_forward").source
+    assert conv.index("+ bo") > conv.index("for (int base = start; base < end; base += K)")
+    vec = PROBLEMS["vec-ir_mul"]().descriptor.trilinear
+    assert {p.channels for p in codegen.generate(vec, np.float64, "tp_forward").programs} == {1}
+    assert max(p.channels for p in codegen.generate(vec, np.float64, "conv_forward").programs) == 2
+
+
 def test_channels_per_lane():
     """Lanes take as many channels as fill whole warps with aligned vectors (16 bytes at most),
     and one where weights of consecutive channels are not adjacent."""
@@ -190,7 +216,18 @@ COMPILE_CASES = [
     ("vec-ir_mul", np.float32, "conv_atomic_backward", (True, False, True), False),
     ("wide", np.float32, "conv_atomic_backward", SECOND, False),
     ("vec-ir_mul", np.float64, "conv_atomic_backward", SECOND_BENCH, True),
+    # the catalogue's widest batched forward (19,968 outputs a row), one segment's sums at a time
+    ("nequip-benzene", np.float32, "tp_forward", (True, True, True), False),
+    ("nequip-benzene-ir_mul", np.float64, "tp_forward", (True, True, True), False),
 ]
+
+
+def _problem(name: str) -> jequi.TensorProduct:
+    """`name` from :data:`PROBLEMS`, else from the catalogue (an ``-ir_mul`` suffix: that layout)."""
+    if name in PROBLEMS:
+        return PROBLEMS[name]()
+    base = name.removesuffix("-ir_mul")
+    return jequi.problems.get(base, layout="mul_ir" if base == name else "ir_mul")
 
 
 @pytest.mark.skipif(build.toolchain_missing() is not None, reason=str(build.toolchain_missing()))
@@ -202,7 +239,7 @@ def test_generated_kernels_compile(name, dtype, kind, needs, shared, tmp_path, m
     monkeypatch.setattr(build, "CACHE_DIR", tmp_path)
     monkeypatch.setattr(ops, "generated", {})
     sums = needs if isinstance(needs, schedule.Sums) else schedule.Sums.gradients(needs) if kind.endswith("backward") else schedule.Sums()
-    kernel = ops.kernel(PROBLEMS[name]().descriptor.trilinear, dtype, kind, sums, shared)
+    kernel = ops.kernel(_problem(name).descriptor.trilinear, dtype, kind, sums, shared)
     path = build.cubin(kernel.source, "sm_90")
     assert path.read_bytes()[:4] == b"\x7fELF"
     usage = build.resources(path)

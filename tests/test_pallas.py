@@ -400,7 +400,7 @@ def test_default_backend(monkeypatch, cuda):
     uvw path contracts over several x channels (a weight matrix per path); where the cuda
     kernels are available and a channelwise backward's footprint is small, a wide conv on them
     and a batched product with per-row weights on cuda (either layout); a wider one's batched
-    product on cuda+pallas in float32 and pallas+cuda in float64."""
+    product on cuda+pallas in float32 and on cuda in float64."""
     desc = lambda name: jequi.problems.get(name).descriptor.trilinear  # noqa: E731
     unsupported = jequi.TensorProduct("3x1o", "2x1o", "2x2e", [(0, 0, 0, "uvv", True)]).descriptor.trilinear
     if not ON_GPU:
@@ -423,7 +423,7 @@ def test_default_backend(monkeypatch, cuda):
     # a backward too wide for the cuda kernels: each derivative order where it was measured faster
     benzene = desc("nequip-benzene")
     assert jequi.default_backend(benzene) == jequi.default_backend(benzene, dtype=np.float32) == ("cuda+pallas" if cuda else "pallas")
-    assert jequi.default_backend(benzene, dtype=np.float64) == ("pallas+cuda" if cuda else "pallas")
+    assert jequi.default_backend(benzene, dtype=np.float64) == ("cuda" if cuda else "pallas")
     for name in ("diffdock-l1", "tetris-poly-2", "tetris-1-lin2"):
         assert jequi.default_backend(desc(name), shared_weights=True) == "xla", name
 

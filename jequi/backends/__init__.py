@@ -146,13 +146,13 @@ def default_backend(desc=None, shared_weights: bool = False, conv: bool = False,
     double backward beat Pallas' in every channelwise cell (MACE-large ``ir_mul`` bwd 0.881 vs
     0.991 ms, dbl 0.890 vs 0.934; 2026-11-24-h200-tp-cuda-second-*.md). A batched channelwise
     product whose backward does not fit (NequIP-benzene: 64 channels, l up to 3, 134 values)
-    splits by derivative order: in float32 the CUDA forward and the Pallas backward and double
-    backward (``"cuda+pallas"``), in float64 the other way round (``"pallas+cuda"``).
-    NequIP-benzene, 50,000 rows (double backward 20,000), ms, CUDA vs Pallas: float32 ``mul_ir``
-    fwd 1.91 vs 3.23, bwd 3.46 vs 2.78, dbl 3.25 vs 2.09; ``ir_mul`` fwd 2.45 vs 2.68, bwd 3.26
-    vs 2.18; float64 fwd 5.45 vs 4.35 (``ir_mul`` 8.05 vs 3.22), bwd (``ir_mul``) 3.47 vs about
-    7.7 (``mul_ir``, fwd+bwd 12.02 less its forward), dbl 3.05 vs 4.02
-    (2026-11-25-h200-tp-benzene-backends.md).
+    runs its float32 backward and double backward on Pallas, its forward on CUDA
+    (``"cuda+pallas"``); in float64 all on CUDA. NequIP-benzene, 50,000 rows (double backward
+    20,000), ms, CUDA vs Pallas: float32 ``mul_ir`` fwd 1.41 vs 3.23, bwd 3.46 vs 2.78, dbl 3.25
+    vs 2.09; ``ir_mul`` fwd 1.37 vs 2.68, bwd 3.26 vs 2.18; float64 fwd 2.78 vs 4.35 (``ir_mul``
+    2.82 vs 3.22), bwd (``ir_mul``) 3.47 vs about 7.7 (``mul_ir``, fwd+bwd 12.02 less its
+    forward), dbl 3.05 vs 4.02 (2026-11-25-h200-tp-benzene-backends.md, the forwards
+    2026-11-25-h200-batched-forward-segments.md).
     """
     if jax.default_backend() != "gpu":
         return "xla"
@@ -170,9 +170,9 @@ def default_backend(desc=None, shared_weights: bool = False, conv: bool = False,
         return "xla" if contracts_shared_weights(desc) else "pallas"
     if conv or not runs:
         return "pallas"
-    if fits:
+    if fits or (dtype is not None and jnp.dtype(dtype) == jnp.float64):
         return "cuda"
-    return "pallas+cuda" if dtype is not None and jnp.dtype(dtype) == jnp.float64 else "cuda+pallas"
+    return "cuda+pallas"
 
 
 def _cuda_runs(desc) -> bool:
