@@ -222,12 +222,11 @@ COMPILE_CASES = [
 ]
 
 
-def _problem(name: str) -> jequi.TensorProduct:
-    """`name` from :data:`PROBLEMS`, else from the catalogue (an ``-ir_mul`` suffix: that layout)."""
-    if name in PROBLEMS:
-        return PROBLEMS[name]()
-    base = name.removesuffix("-ir_mul")
-    return jequi.problems.get(base, layout="mul_ir" if base == name else "ir_mul")
+COMPILE_PROBLEMS = {
+    **PROBLEMS,
+    "nequip-benzene": functools.partial(jequi.problems.get, "nequip-benzene"),
+    "nequip-benzene-ir_mul": functools.partial(jequi.problems.get, "nequip-benzene", layout="ir_mul"),
+}
 
 
 @pytest.mark.skipif(build.toolchain_missing() is not None, reason=str(build.toolchain_missing()))
@@ -239,7 +238,7 @@ def test_generated_kernels_compile(name, dtype, kind, needs, shared, tmp_path, m
     monkeypatch.setattr(build, "CACHE_DIR", tmp_path)
     monkeypatch.setattr(ops, "generated", {})
     sums = needs if isinstance(needs, schedule.Sums) else schedule.Sums.gradients(needs) if kind.endswith("backward") else schedule.Sums()
-    kernel = ops.kernel(_problem(name).descriptor.trilinear, dtype, kind, sums, shared)
+    kernel = ops.kernel(COMPILE_PROBLEMS[name]().descriptor.trilinear, dtype, kind, sums, shared)
     path = build.cubin(kernel.source, "sm_90")
     assert path.read_bytes()[:4] == b"\x7fELF"
     usage = build.resources(path)
