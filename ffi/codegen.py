@@ -28,7 +28,7 @@ shared memory by broadcast, with the next edge's operands loaded before this one
 and the weight rows a few edges ahead requested into L2 (a batched forward in ``mul_ir`` moves
 each row segment through the warp's shared memory, loaded and stored whole; its lanes' own
 components are strided). Data used once streams past the
-caches; the gathered rows keep L2. ``gy`` (a sum over channels) is reduced within a warp by a
+caches (but a batched backward's rows, read through L1: measured faster); the gathered rows keep L2. ``gy`` (a sum over channels) is reduced within a warp by a
 butterfly that halves the values each step, and across warps in a fixed order: every kernel is
 deterministic. A product with many programs spreads them over several blocks per node
 (``blockIdx.x = node * groups + group``; a float64 batched backward runs one program per
@@ -243,10 +243,14 @@ class _Kernel:
         # 1.270 (Pallas 2.574). Its backward kinds take their channels like every other kernel and
         # read the rows through L1 (a lane's adjacent values arrive over several vector loads,
         # lines shared between lanes): double backward 0.737 -> 0.684 ms, float64 1.443 -> 1.391
-        # (NequIP-OAM float64 1.141 -> 1.161; 2026-11-24-h200-batched-rows.md).
+        # (NequIP-OAM float64 1.141 -> 1.161; 2026-11-24-h200-batched-rows.md). A batched backward
+        # in ``ir_mul`` reads its rows through L1 too, though no lane shares them: fwd+bwd 2-4 %
+        # faster than streamed (H200, 50,000 rows: MACE-medium float32 0.889 -> 0.861 ms, float64
+        # 1.748 -> 1.711, NequIP-LiPS float64 1.742 -> 1.710, MACE-large float64 4.432 -> 4.338;
+        # double backward 1-4 %). Forward rows and weights read so gained nothing (2026-11-25-h200-cached-rows.md).
         batched_mul_ir = not self.conv and any(s.layout == "mul_ir" for s in (*desc.in1, *desc.out))
         self.staged = batched_mul_ir and not self.backward
-        self.cached_rows = batched_mul_ir and self.backward
+        self.cached_rows = not self.conv and self.backward
         # A batched forward in float64 keeps one channel per lane too (``ir_mul``, 50,000 rows,
         # H200: NequIP-benzene 6.07 -> 2.82 ms, MACE-large 1.292 -> 1.261; MACE-medium,
         # NequIP-LiPS and NequIP-OAM within 1 %; 2026-11-25-h200-batched-forward-segments.md).
@@ -330,7 +334,8 @@ class _Kernel:
 
     # Loads and stores of data read or written once (a row of the batched product, an edge's
     # weights and gradients, an output row) stream past the caches (.cs): the gathered rows
-    # (x by sender, the cotangent by receiver) keep L2 to themselves.
+    # (x by sender, the cotangent by receiver) keep L2 to themselves. A batched backward's rows
+    # are the exception (:attr:`cached_rows`).
     # Loads return (name, vector width, expression) of each vector; _Names names its values.
     @staticmethod
     def _segment_loads(prefix: str, base: str, segments, v: int, row: str, stream: bool):
@@ -382,7 +387,7 @@ class _Kernel:
     def operand_loads(self, p: Program, names: _Names, sfx: str, stream: bool, xs=True, gz=False):
         """Loads of an edge's (row's) operands from the row pointers of :meth:`operand_rows`
         (named with suffix `sfx`): its ``x``-like rows where `xs`, ``gz``'s where `gz` (these
-        streamed where `stream`, but never by a batched backward in ``mul_ir``), and the
+        streamed where `stream`, but never by a batched backward), and the
         ``w``-like rows unless the weights are shared."""
         stream = stream and not self.cached_rows
         out = self.x_loads(p, lambda pos: f"{VALUE[pos]}r{sfx}", stream, self.sums.x_likes) if xs else []

@@ -130,6 +130,12 @@ def test_channels_per_lane():
     assert {p.channels for p in forward.programs} == {1} and "__ldcs(xr_n + " in forward.source
     assert max(p.channels for p in backward.programs) == 4 and "__ldcs(xr_n + " not in backward.source
     assert "reinterpret_cast<const T4*>(xr_n + " in backward.source
+    # in ir_mul too the backward reads its rows through L1 (measured faster), the forward streams them
+    desc = PROBLEMS["vec-ir_mul"]().descriptor.trilinear
+    forward_ir, backward_ir = (codegen.generate(desc, np.float32, kind).source for kind in ("tp_forward", "tp_backward"))
+    assert "__ldcs(reinterpret_cast<const T4*>(xr_n + " in forward_ir
+    assert "__ldg(reinterpret_cast<const T4*>(xr_n + " in backward_ir and "__ldcs(reinterpret_cast<const T4*>(xr_n + " not in backward_ir
+    assert "__ldg(reinterpret_cast<const T4*>(gr_n + " in backward_ir
     # ... and the forward moves a warp's 32 channels of a segment through shared memory whole
     assert "tb[lane * 3 + 2] = " in forward.source and "tb[lane * 3 + 2] = " not in backward.source
     wide = codegen.generate(PROBLEMS["wide"]().descriptor.trilinear, np.float32, "tp_forward").source
