@@ -9,7 +9,8 @@ On the GPU machine, from the project root::
 Every available jequi backend, e3nn-jax (``legacy.FunctionalTensorProduct`` under
 ``jax.vmap``), cuEquivariance-JAX (``segmented_polynomial``) and OpenEquivariance's JAX
 extension run in this one process on the same random inputs, under ``jax.jit``. A peer that
-cannot be imported or fails is reported as n/a with the reason. ``jequi-pallas-ir_mul`` is
+cannot be imported or fails is reported as n/a with the reason. ``jequi-default`` is jequi on
+the backend it picks itself (``backend=None``), ``jequi-<backend>`` on a named one. ``jequi-pallas-ir_mul`` is
 jequi in cuEquivariance's ``ir_mul`` layout, on the same values stored so (``--no-ir-mul``
 leaves it out; ``jequi-cuda-ir_mul`` likewise); the speedup table compares each peer with jequi in the peer's layout. Passes:
 
@@ -24,15 +25,19 @@ Each cell: compile, a warm-up call, then the median of ``--repeat`` (5) repetiti
 HBM bound: bytes that must move at least once divided by the device-to-device bandwidth this
 script measures (``a + 1`` on a ~2 GB float32 array, read + write). Per row, in elements:
 fwd reads x, y, w, writes z; bwd reads x, y, w, g, writes gx, gy, gw; dbl (fully fused, gx
-and gy kept on chip) also reads x, y, w, g and writes dx, dy, dw, the same bytes as bwd. The
-JSON also holds ``dbl_staged``: gx and gy written by a backward kernel and read back by a
-second one (+2 x (in1 + in2)). Conv: fwd reads x once, y, w per edge, both index arrays,
+and gy kept on chip) also reads x, y, w, g and writes dx, dy, dw, the same bytes as bwd.
+``dbl_2k`` (the markdown's "dbl 2-kernel %HBM") is the bound of any double backward that
+``jax.grad`` runs through a custom_vjp, whose loss between the two derivative orders is user
+code: a first backward reads x, y, w, g and writes gx, gy; the loss's XLA fusion reads them and
+writes their cotangents; a second-order kernel reads x, y, w, g and those and writes dx, dy, dw
+(2 x (in1 + in2 + w + out) + 5 x (in1 + in2) + w per row). Conv: fwd reads x once, y, w per edge, both index arrays,
 writes out per node; fwd+bwd adds a backward that reads x, y, w, g, indices and writes gx,
 gy, gw. ``fraction`` = bound / measured.
 
 The full default run takes longer than one 10-minute device command: split it with
 ``--problems``/``--dtypes``/``--impls``; results are rewritten after every problem, so a run
-cut short still leaves its finished rows. Outputs ``<date>-<device>-tp[-<tag>].{json,md,png}`` (``-conv`` with ``--conv``) into ``--out``
+cut short still leaves its finished rows, and ``--merge a.json,b.json --tag T`` writes the
+parts as one table (speedups, geometric means, plot). Outputs ``<date>-<device>-tp[-<tag>].{json,md,png}`` (``-conv`` with ``--conv``) into ``--out``
 (default benchmarks/results) and, when $OUT is set, into $OUT as well.
 """
 
@@ -73,6 +78,8 @@ PEER_LAYOUTS = {"e3nn": "mul_ir", "cuex": "ir_mul", "oeq": "mul_ir", "oeq-det": 
 IR_MUL = "-ir_mul"  # name suffix of the jequi implementations run in the ir_mul layout
 KERNEL_BACKENDS = {"pallas", "cuda", "pallas+cuda", "cuda+pallas", "cuda-atomic"}  # the jequi backends also run in the ir_mul layout
 CONV_ONLY = {"cuda-atomic"}  # backends that differ from another only in the conv
+BOUND_NAMES = {"dbl_2k": "dbl 2-kernel"}  # markdown names of the bounds that are not a pass's own
+DEFAULT = "default"  # jequi-default: the backend jequi picks when the caller names none (backends.resolve)
 CHECK_ROWS = 64
 SLOW_CELL_S = 10.0  # fewer calls per repetition when a cell would take longer than this
 
@@ -106,6 +113,11 @@ def peer(name):
 
 
 # --- implementations: name -> list of (note, fn) candidates, tried in order --------------------
+def backend_arg(name):
+    """The ``backend=`` argument of jequi implementation ``jequi-<name>`` (None: jequi's own choice)."""
+    return None if name == DEFAULT else name
+
+
 def e3nn_fn(tp, conv_nodes=None):
     f = FunctionalTensorProduct(tp.irreps_in1, tp.irreps_in2, tp.irreps_out, list(tp.instructions))
     one = lambda w, x, y: f.left_right(w, e3nn.IrrepsArray(tp.irreps_in1, x), e3nn.IrrepsArray(tp.irreps_in2, y)).array  # noqa: E731
@@ -177,9 +189,9 @@ def oeq_check(op, tp):
 def tp_impls(tp, tp_ir, spec, dtype):
     """`tp_ir`: the same product in the ir_mul layout (None: not run)."""
     batched = [b for b in jequi.available_backends() if b not in CONV_ONLY]
-    impls = {f"jequi-{b}": lambda b=b: [("", lambda x, y, w: tp(x, y, w, backend=b))] for b in batched}
-    for b in KERNEL_BACKENDS & set(batched) if tp_ir is not None else ():
-        impls[f"jequi-{b}" + IR_MUL] = lambda b=b: [("ir_mul", lambda x, y, w: tp_ir(x, y, w, backend=b))]
+    impls = {f"jequi-{b}": lambda b=b: [("", lambda x, y, w: tp(x, y, w, backend=backend_arg(b)))] for b in [DEFAULT, *batched]}
+    for b in [DEFAULT, *(KERNEL_BACKENDS & set(batched))] if tp_ir is not None else ():
+        impls[f"jequi-{b}" + IR_MUL] = lambda b=b: [("ir_mul", lambda x, y, w: tp_ir(x, y, w, backend=backend_arg(b)))]
     impls["e3nn"] = lambda: [("vmap(FunctionalTensorProduct)", e3nn_fn(tp))]
     impls["cuex"] = lambda: cuex_candidates(tp, spec)
 
@@ -198,12 +210,12 @@ def conv_impls(tp, tp_ir, spec, dtype, num_nodes, sender_perm):
     every layer of a model); the peers on the receiver-sorted index arrays. `tp_ir`: the same
     product in the ir_mul layout (None: not run)."""
     impls = {
-        f"jequi-{b}": lambda b=b: [("Graph", lambda x, y, w, s, r, graph: tp.conv(x, y, w, graph, backend=b))]
-        for b in jequi.available_backends()
+        f"jequi-{b}": lambda b=b: [("Graph", lambda x, y, w, s, r, graph: tp.conv(x, y, w, graph, backend=backend_arg(b)))]
+        for b in [DEFAULT, *jequi.available_backends()]
     }
-    for b in KERNEL_BACKENDS & set(jequi.available_backends()) if tp_ir is not None else ():
+    for b in [DEFAULT, *(KERNEL_BACKENDS & set(jequi.available_backends()))] if tp_ir is not None else ():
         impls[f"jequi-{b}" + IR_MUL] = lambda b=b: [
-            ("Graph, ir_mul", lambda x, y, w, s, r, graph: tp_ir.conv(x, y, w, graph, backend=b))
+            ("Graph, ir_mul", lambda x, y, w, s, r, graph: tp_ir.conv(x, y, w, graph, backend=backend_arg(b)))
         ]
     if dtype == "float32" and "pallas" in jequi.available_backends():
         impls["jequi-pallas-kahan"] = lambda: [
@@ -420,8 +432,31 @@ def fmt_ms(cell):
     return f"{cell['ms']:.3f}" if "ms" in cell else ("n/a" if cell.get("error", "").startswith("n/a") else "err")
 
 
+def geomeans(rows, passes, peers) -> list[str]:
+    """Markdown lines: the geometric mean of jequi's speedup over each peer (:func:`speedups`)
+    over every cell, the channelwise and the ``uvw`` ones, and per dtype; and the cells where
+    a peer is faster."""
+    groups = {"all": lambda r: True, "channelwise (uvu)": lambda r: r.get("kind") == "uvu",
+              "uvw": lambda r: r.get("kind") == "uvw"}  # fmt: skip
+    groups.update({d: (lambda r, d=d: r["dtype"] == d) for d in sorted({r["dtype"] for r in rows})})
+    ratios = [(r, p, speedups(r, peers, p)) for r in rows for p in passes]
+    out = ["| cells | " + " | ".join(f"vs {q}" for q in peers) + " |", "|" + "---|" * (1 + len(peers))]
+    for label, member in groups.items():
+        cells = []
+        for q in peers:
+            xs = [sp[q][0] for r, _, sp in ratios if member(r) and q in sp]
+            cells.append(f"{math.exp(sum(map(math.log, xs)) / len(xs)):.2f}x ({len(xs)})" if xs else "n/a")
+        if any(c != "n/a" for c in cells):
+            out.append(f"| {label} | " + " | ".join(cells) + " |")
+    slower = [f"{r['problem']} {r['dtype']} {p} vs {q} {sp[q][0]:.2f}x" for r, p, sp in ratios for q in peers if q in sp and sp[q][0] < 1]
+    out += ["", "Cells where a peer is faster: " + ("; ".join(slower) if slower else "none") + "."]
+    return out
+
+
 def markdown(result, passes):
     meta, rows = result["meta"], result["rows"]
+    # each pass's bound, then the other bounds of a pass (dbl_2k after dbl)
+    bounds = [b for p in passes for b in sorted({k for r in rows for k in r["bound_ms"] if k.split("_")[0] == p}, key=len)]
     mode = "fused convolution" if meta["mode"] == "conv" else "batched tensor products"
     out = [
         f"# jequi vs peers, {mode}: {meta['device']} ({meta['date']})",
@@ -431,17 +466,18 @@ def markdown(result, passes):
         "%HBM = HBM bound / measured time (see the script's docstring for the bytes counted).",
         "",
         "| problem | dtype | sizes | impl | " + " | ".join(f"{p} ms" for p in passes) + " | "
-        + " | ".join(f"{p} %HBM" for p in passes) + " | compile s | temp MB |",
-        "|" + "---|" * (5 + 2 * len(passes) + 1),
+        + " | ".join(f"{BOUND_NAMES.get(b, b)} %HBM" for b in bounds) + " | compile s | temp MB |",
+        "|" + "---|" * (5 + len(passes) + len(bounds) + 1),
     ]
     notes = []
     for r in rows:
         sizes = r["sizes"]
         bound = " | ".join(f"{r['bound_ms'][p]:.3f}" for p in passes)
-        out.append(f"| {r['problem']} | {r['dtype']} | {sizes} | HBM bound | {bound} |" + " |" * (len(passes) + 2))
+        out.append(f"| {r['problem']} | {r['dtype']} | {sizes} | HBM bound | {bound} |" + " |" * (len(bounds) + 2))
         for name, cells in r["impls"].items():
             c = [cells.get(p, {}) for p in passes]
-            frac = [f"{100 * r['bound_ms'][p] / x['ms']:.0f}%" if "ms" in x else "" for p, x in zip(passes, c)]
+            frac = [f"{100 * r['bound_ms'][b] / x['ms']:.0f}%" if "ms" in x and b in r["bound_ms"] else ""
+                    for b, x in ((b, cells.get(b.split("_")[0], {})) for b in bounds)]
             comp = "/".join(f"{x['compile_s']:.1f}" for x in c if "compile_s" in x)
             temp = "/".join(f"{x['temp_bytes'] / 2**20:.0f}" for x in c if "temp_bytes" in x)
             times = " | ".join(fmt_ms(x) for x in c)
@@ -468,6 +504,7 @@ def markdown(result, passes):
         ]
         label = " / ".join(f"{best[p][1][6:]} {best[p][0]:.3f}" if best[p][0] else "n/a" for p in passes)
         out.append(f"| {r['problem']} | {r['dtype']} | {label} | " + " | ".join(cells) + " |")
+    out += ["", "Geometric means of those speedups (cells):", ""] + geomeans(rows, passes, peers)
     if notes:
         out += ["", "Notes:", ""] + [f"- {n}" for n in notes]
     return "\n".join(out) + "\n"
@@ -526,6 +563,24 @@ def write(result, passes, out_dir, stem, final):
     return md, files
 
 
+def merge(files, out_dir, tag):
+    """Write the rows of several result files (runs split to fit the device's per-command
+    limit) as one table, speedups and geometric means; the first file's meta, with the
+    copy bandwidth each run measured."""
+    results = [json.loads(f.read_text()) for f in files]
+    meta = dict(results[0]["meta"], merged_from=[f.name for f in files])
+    meta["copy_bandwidths_GBps"] = [r["meta"]["copy_bandwidth_GBps"] for r in results]
+    if len({(r["meta"]["device"], r["meta"]["mode"]) for r in results}) > 1:
+        raise SystemExit("merge: the files come from different devices or modes")
+    rows = [row for r in results for row in r["rows"]]
+    order = list(conv_passes() if meta["mode"] == "conv" else tp_passes())
+    passes = [p for p in order if any(p in c for r in rows for c in r["impls"].values())]
+    stem = f"{meta['date']}-{device_slug(meta['device'])}-{meta['mode']}" + (f"-{tag}" if tag else "")
+    md, written = write({"meta": meta, "rows": rows}, passes, out_dir, stem, final=True)
+    print("wrote " + ", ".join(str(f) for f in written) + "\n")
+    print(md)
+
+
 # --- main ------------------------------------------------------------------------------------
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -546,8 +601,12 @@ def main():
     ap.add_argument("--bw-mb", type=int, default=None, help="array size for the bandwidth measurement (default 2048)")
     ap.add_argument("--quick", action="store_true", help="small sizes, for a CPU smoke test")
     ap.add_argument("--tag", default="", help="appended to the result files' names (a partial re-run beside a full one)")
+    ap.add_argument("--merge", help="comma list of result JSONs (one device, one session) to write as one table (--tag names it)")
     ap.add_argument("--out", default=str(pathlib.Path(__file__).resolve().parent / "results"))
     a = ap.parse_args()
+    if a.merge:
+        merge([pathlib.Path(f) for f in a.merge.split(",")], pathlib.Path(a.out), a.tag)
+        return
     q = a.quick
     batch, dbl_batch = a.batch or (256 if q else 50_000), a.dbl_batch or (128 if q else 20_000)
     repeat, calls = a.repeat or (3 if q else 5), a.calls or (2 if q else 10)
@@ -620,7 +679,7 @@ def main():
                 n = dbl_batch
                 args_of = {"fwd": (x, y, w), "bwd": (x, y, w, g), "dbl": (x[:n], y[:n], w[:n], g[:n])}
                 per_row = {"fwd": d1 + d2 + nw + do, "bwd": 2 * (d1 + d2 + nw) + do}
-                per_row["dbl"], per_row["dbl_staged"] = per_row["bwd"], per_row["bwd"] + 2 * (d1 + d2)
+                per_row["dbl"], per_row["dbl_2k"] = per_row["bwd"], 2 * (d1 + d2 + nw + do) + 5 * (d1 + d2) + nw
                 bound_bytes = {p: item * (n if p.startswith("dbl") else batch) * v for p, v in per_row.items()}
                 impls = tp_impls(tp, tp_ir, spec, dtype)
                 roles = {p: ("in1", "in2", None, "out")[: len(v)] for p, v in args_of.items()}
