@@ -393,6 +393,11 @@ def versions():
     return v
 
 
+def result_stem(meta, tag) -> str:
+    """``<date>-<device>-<mode>[-<tag>]``: the result files' name."""
+    return f"{meta['date']}-{device_slug(meta['device'])}-{meta['mode']}" + (f"-{tag}" if tag else "")
+
+
 def device_slug(kind):
     m = re.search(r"\b([A-Z]{1,2}\d{2,4}[A-Z]?)\b", kind)
     return m.group(1).lower() if m else re.sub(r"[^a-z0-9]+", "-", kind.lower()).strip("-") or "device"
@@ -568,15 +573,14 @@ def merge(files, out_dir, tag):
     limit) as one table, speedups and geometric means; the first file's meta, with the
     copy bandwidth each run measured."""
     results = [json.loads(f.read_text()) for f in files]
-    meta = dict(results[0]["meta"], merged_from=[f.name for f in files])
-    meta["copy_bandwidths_GBps"] = [r["meta"]["copy_bandwidth_GBps"] for r in results]
     if len({(r["meta"]["device"], r["meta"]["mode"]) for r in results}) > 1:
         raise SystemExit("merge: the files come from different devices or modes")
+    meta = dict(results[0]["meta"], merged_from=[f.name for f in files],
+                copy_bandwidths_GBps=[r["meta"]["copy_bandwidth_GBps"] for r in results])  # fmt: skip
     rows = [row for r in results for row in r["rows"]]
     order = list(conv_passes() if meta["mode"] == "conv" else tp_passes())
     passes = [p for p in order if any(p in c for r in rows for c in r["impls"].values())]
-    stem = f"{meta['date']}-{device_slug(meta['device'])}-{meta['mode']}" + (f"-{tag}" if tag else "")
-    md, written = write({"meta": meta, "rows": rows}, passes, out_dir, stem, final=True)
+    md, written = write({"meta": meta, "rows": rows}, passes, out_dir, result_stem(meta, tag), final=True)
     print("wrote " + ", ".join(str(f) for f in written) + "\n")
     print(md)
 
@@ -625,7 +629,7 @@ def main():
     }
     print(f"{dev.device_kind} ({dev.platform}); copy bandwidth {bw / 1e9:.0f} GB/s; "
           f"jequi backends {jequi.available_backends()}", flush=True)
-    stem = f"{date}-{device_slug(dev.device_kind)}-{meta['mode']}" + (f"-{a.tag}" if a.tag else "")
+    stem = result_stem(meta, a.tag)
     passes = conv_passes() if a.conv else tp_passes()
     if a.passes:
         unknown = set(a.passes.split(",")) - set(passes)

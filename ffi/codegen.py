@@ -27,9 +27,10 @@ lane, with the CG coefficients as literals; after a barrier each warp runs its
 shared memory by broadcast, with the next edge's operands loaded before this one's arithmetic
 and the weight rows a few edges ahead requested into L2 (a batched forward in ``mul_ir`` moves
 each row segment through the warp's shared memory, loaded and stored whole; its lanes' own
-components are strided). Data used once streams past the
-caches (but a batched backward's rows, read through L1: measured faster); the gathered rows keep L2. ``gy`` (a sum over channels) is reduced within a warp by a
-butterfly that halves the values each step, and across warps in a fixed order: every kernel is
+components are strided). Data used once streams past the caches (but a batched backward's
+rows, read through L1: measured faster); the gathered rows keep L2. ``gy`` (a sum over
+channels) is reduced within a warp by a butterfly that halves the values each step, and
+across warps in a fixed order: every kernel is
 deterministic. A product with many programs spreads them over several blocks per node
 (``blockIdx.x = node * groups + group``; a float64 batched backward runs one program per
 block, program-major, ``Config.split_float64_backward``; the groups' ``gy`` partials are
