@@ -20,7 +20,8 @@ double backward's terms (an ``A`` table per ``y``-like operand, the ``x``- and `
 rows loaded side by side).
 
 Per chunk of edges (rows; 32, or fewer where the tables would not fit :data:`SMEM_BUDGET`;
-a batched kernel's block takes ``Config.batched_forward_rows`` / ``batched_backward_rows``)
+a batched kernel's block takes ``Config.batched_forward_rows`` / ``batched_backward_rows``,
+a float32 ``ir_mul`` forward ``unstaged_float32_forward_rows``)
 every warp first builds ``A`` (:mod:`.schedule`) for some of the chunk's terms, one edge per
 lane, with the CG coefficients as literals; after a barrier each warp runs its
 :class:`~.schedule.Program` over the chunk's edges, its channels per lane at once, reading ``A`` from
@@ -269,7 +270,9 @@ class _Kernel:
         # per warp, one segment's values of its 32 channels (the widest segment's)
         self.stage = LANES * max(s.ir_dim for p in programs for s in (*p.x_segments, *p.out_segments)) if self.staged else 0
         size = lambda chunk: self.warps * self.stage * self.dtype.itemsize + max(g.smem(chunk, self.dtype.itemsize) for g in self.groups)  # noqa: E731
-        rows = config.batched_backward_rows if self.backward else config.batched_forward_rows
+        rows = (config.batched_backward_rows if self.backward
+                else config.unstaged_float32_forward_rows if self.dtype == np.float32 and not self.staged
+                else config.batched_forward_rows)  # fmt: skip
         if rows not in CHUNKS:
             raise ValueError(f"batched rows per block must be one of {CHUNKS}, not {rows}")
         most = LANES if self.conv or shared else rows

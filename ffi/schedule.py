@@ -83,6 +83,13 @@ class Config:
       NequIP-OAM alike, in both dtypes (benchmarks/results/2026-11-24-h200-batched-rows.md).
       Shared weights keep 32 (each block writes a partial ``gw``); a conv's chunks take 32
       edges.
+    * ``unstaged_float32_forward_rows``: rows per block of a float32 batched forward that is
+      not staged (``ir_mul``). Since a forward holds one output segment's sums at a time, one
+      row beats two there (H200, 50,000 rows, ms): NequIP-LiPS 0.263 -> 0.253, NequIP-OAM
+      0.409 -> 0.392, MACE-medium 0.260 -> 0.262, MACE-large 0.649 -> 0.651, NequIP-benzene
+      1.370 -> 1.359. The other forwards keep two: one row loses up to 11 % staged (NequIP-OAM
+      ``mul_ir`` 0.399 -> 0.445) and 28 % in float64 (NequIP-OAM ``ir_mul`` 0.761 -> 0.974,
+      176 registers against 128) (2026-11-25-h200-forward-rows.md).
     """
 
     forward_registers: int = 160
@@ -97,6 +104,7 @@ class Config:
     channels: int = 4
     batched_forward_rows: int = 2
     batched_backward_rows: int = 4
+    unstaged_float32_forward_rows: int = 1
     split_float64_backward: bool = True
 
 

@@ -390,6 +390,22 @@ def test_force_training_step_matches(backend):
         assert_close(a, b, 1e-10)
 
 
+def test_rows_per_block():
+    """A batched kernel's block takes ``Config.unstaged_float32_forward_rows`` rows in a
+    float32 forward that is not staged (``ir_mul``), ``batched_forward_rows`` in the other
+    forwards, ``batched_backward_rows`` in a backward; shared weights and the conv kinds 32."""
+    config = schedule.DEFAULT
+    ir, mul = (PROBLEMS[n]().descriptor.trilinear for n in ("vec-ir_mul", "vec"))
+
+    def chunk(desc, dtype, kind, shared=False):
+        return codegen.generate(desc, dtype, kind, shared=shared).chunk
+
+    assert chunk(ir, np.float32, "tp_forward") == config.unstaged_float32_forward_rows == 1
+    assert chunk(mul, np.float32, "tp_forward") == chunk(ir, np.float64, "tp_forward") == config.batched_forward_rows == 2
+    assert chunk(ir, np.float32, "tp_backward") == chunk(mul, np.float64, "tp_backward") == config.batched_backward_rows
+    assert chunk(ir, np.float32, "tp_forward", shared=True) == chunk(ir, np.float32, "conv_forward") == schedule.LANES
+
+
 @gpu
 def test_vmap_over_rows_and_graphs():
     tp = PROBLEMS["uvu"]()
