@@ -67,7 +67,7 @@ def test_double_backward(name):
             gx, gy, gw = jax.grad(lambda *a: jnp.vdot(f(*a), g), argnums=(0, 1, 2))(x, y, w)
             return jnp.sum(gx**2) + jnp.sum(gy**2) + jnp.sum(jnp.sin(gw))
 
-        return jax.grad(loss, argnums=(0, 1, 2))(x, y, w)
+        return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(x, y, w)
 
     for a, b in zip(dbl(functools.partial(tp, backend="pallas")), dbl(functools.partial(xla.forward, tp.descriptor))):
         assert_close(a, b, 1e-11)
@@ -83,7 +83,8 @@ def test_conv(name):
     w = rng.normal(size=(e, tp.weight_numel))
     s, r = rng.integers(0, n, e), rng.integers(0, n, e)
     loss = lambda b: lambda x, y, w: jnp.sum(tp.conv(x, y, w, s, r, n, backend=b) ** 2)  # noqa: E731
-    for a, b in zip(jax.grad(loss("pallas"), argnums=(0, 1, 2))(x, y, w), jax.grad(loss("xla"), argnums=(0, 1, 2))(x, y, w)):
+    grads = lambda b: jax.jit(jax.grad(loss(b), argnums=(0, 1, 2)))(x, y, w)  # noqa: E731
+    for a, b in zip(grads("pallas"), grads("xla")):
         assert_close(a, b, 1e-11)
 
 
@@ -178,7 +179,7 @@ def test_fused_second_order(name, op, shared, spec):
     if op == "tp":
         gz = rng.normal(size=(rows, desc.dims[2]))
         f = functools.partial(xla.forward, desc)
-        ours = pallas.second(desc, spec, (xs[0], ys[0], ws[0], gz, xs[1], ys[1], ws[1]))
+        ours = jax.jit(lambda *a: pallas.second(desc, spec, a))(xs[0], ys[0], ws[0], gz, xs[1], ys[1], ws[1])
     else:
         s, r = rng.integers(0, n, e), rng.integers(0, n, e)
         s[-1], r[-2] = n + 5, -1  # dropped edges: no contribution, zero dy and dw
@@ -188,8 +189,9 @@ def test_fused_second_order(name, op, shared, spec):
         f = lambda x, y, w: jax.ops.segment_sum(  # noqa: E731
             jnp.where(keep[:, None], xla.forward(desc, x[np.where(keep, s, 0)], y, w), 0), np.where(keep, r, 0), num_segments=n
         )
-        ours = pallas.conv_second(desc, spec, (xs[0], ys[0], ws[0], gz, xs[1], ys[1], ws[1]), graph, **options)
-    expected = _second_order_reference(f, spec, (xs[0], ys[0], ws[0], gz, xs[1], ys[1], ws[1]))
+        ours = jax.jit(lambda *a: pallas.conv_second(desc, spec, a, graph, **options))(xs[0], ys[0], ws[0], gz, xs[1], ys[1], ws[1])
+    # jitted: eager dispatch of interpret-mode kernels is several times slower
+    expected = jax.jit(lambda *a: _second_order_reference(f, spec, a))(xs[0], ys[0], ws[0], gz, xs[1], ys[1], ws[1])
     for a, b, what in zip(ours, expected, ("dx", "dy", "dw", "dgz")):
         assert (a is None) == (b is None), what
         if b is not None:
