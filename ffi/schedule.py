@@ -84,12 +84,13 @@ class Config:
       Shared weights keep 32 (each block writes a partial ``gw``); a conv's chunks take 32
       edges.
     * ``unstaged_float32_forward_rows``: rows per block of a float32 batched forward that is
-      not staged (``ir_mul``). Since a forward holds one output segment's sums at a time, one
-      row beats two there (H200, 50,000 rows, ms): NequIP-LiPS 0.263 -> 0.253, NequIP-OAM
-      0.409 -> 0.392, MACE-medium 0.260 -> 0.262, MACE-large 0.649 -> 0.651, NequIP-benzene
-      1.370 -> 1.359. The other forwards keep two: one row loses up to 11 % staged (NequIP-OAM
-      ``mul_ir`` 0.399 -> 0.445) and 28 % in float64 (NequIP-OAM ``ir_mul`` 0.761 -> 0.974,
-      176 registers against 128) (2026-11-25-h200-forward-rows.md).
+      not staged (``ir_mul``). Re-measured once a forward held one output segment's sums at a
+      time: two rows -> one, alternating old and new generator (H200, 50,000 rows, ms):
+      NequIP-LiPS 0.256 -> 0.252, MACE-medium 0.257 -> 0.253, NequIP-OAM 0.408 -> 0.385,
+      MACE-large 0.646 -> 0.635, NequIP-benzene 1.362 -> 1.345. The other forwards keep two:
+      one row loses up to 11 % staged (NequIP-OAM ``mul_ir`` 0.399 -> 0.445) and 28 % in
+      float64 (NequIP-OAM ``ir_mul`` 0.761 -> 0.974, 176 registers against 128)
+      (2026-11-25-h200-forward-rows.md).
     """
 
     forward_registers: int = 160
