@@ -179,7 +179,7 @@ def test_fused_second_order(name, op, shared, spec):
     if op == "tp":
         gz = rng.normal(size=(rows, desc.dims[2]))
         f = functools.partial(xla.forward, desc)
-        ours = jax.jit(lambda *a: pallas.second(desc, spec, a))(xs[0], ys[0], ws[0], gz, xs[1], ys[1], ws[1])
+        fused = lambda a: pallas.second(desc, spec, a)  # noqa: E731
     else:
         s, r = rng.integers(0, n, e), rng.integers(0, n, e)
         s[-1], r[-2] = n + 5, -1  # dropped edges: no contribution, zero dy and dw
@@ -189,9 +189,11 @@ def test_fused_second_order(name, op, shared, spec):
         f = lambda x, y, w: jax.ops.segment_sum(  # noqa: E731
             jnp.where(keep[:, None], xla.forward(desc, x[np.where(keep, s, 0)], y, w), 0), np.where(keep, r, 0), num_segments=n
         )
-        ours = jax.jit(lambda *a: pallas.conv_second(desc, spec, a, graph, **options))(xs[0], ys[0], ws[0], gz, xs[1], ys[1], ws[1])
+        fused = lambda a: pallas.conv_second(desc, spec, a, graph, **options)  # noqa: E731
+    arrays = (xs[0], ys[0], ws[0], gz, xs[1], ys[1], ws[1])
     # jitted: eager dispatch of interpret-mode kernels is several times slower
-    expected = jax.jit(lambda *a: _second_order_reference(f, spec, a))(xs[0], ys[0], ws[0], gz, xs[1], ys[1], ws[1])
+    ours = jax.jit(fused)(arrays)
+    expected = jax.jit(lambda a: _second_order_reference(f, spec, a))(arrays)
     for a, b, what in zip(ours, expected, ("dx", "dy", "dw", "dgz")):
         assert (a is None) == (b is None), what
         if b is not None:
