@@ -253,6 +253,9 @@ class _Kernel:
         batched_mul_ir = not self.conv and any(s.layout == "mul_ir" for s in (*desc.in1, *desc.out))
         self.staged = batched_mul_ir and not self.backward
         self.cached_rows = not self.conv and self.backward
+        # its programs keep the sizes schedule.backward_programs gives prefetched ones: measured so
+        batched_float32_backward = self.cached_rows and not shared and self.dtype == np.float32
+        self.prefetch = config.batched_float32_backward_prefetch if batched_float32_backward else config.prefetch
         # A batched forward in float64 keeps one channel per lane too (``ir_mul``, 50,000 rows,
         # H200: NequIP-benzene 6.07 -> 2.82 ms, MACE-large 1.292 -> 1.261; MACE-medium,
         # NequIP-LiPS and NequIP-OAM within 1 %; 2026-11-25-h200-batched-forward-segments.md).
@@ -432,7 +435,7 @@ class _Kernel:
         ``loads(suffix)``: ``(name, width, expression)`` of each vector."""
         w = self.w
         values = loads("_n")
-        if not p.prefetch or sum(width for _, width, _ in values) * (self.dtype.itemsize // 4) > self.config.prefetch:
+        if not p.prefetch or sum(width for _, width, _ in values) * (self.dtype.itemsize // 4) > self.prefetch:
             with w.block(f"for (int kk = 0; kk < {n}; ++kk)"):
                 w(*pointers("kk", "_n"))
                 for name, width, expr in values:

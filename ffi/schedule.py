@@ -54,6 +54,16 @@ class Config:
       float64 beat a budget in registers).
     * ``prefetch``: load the next edge's (row's) operands before this one's arithmetic where
       they take at most this many 32-bit registers per lane (0: never).
+    * ``batched_float32_backward_prefetch``: ``prefetch`` for a float32 batched backward with
+      per-row weights (0: each row's operands are loaded where they are used). Without the early
+      loads the compiler gives these kernels fewer registers (NequIP-LiPS 168 -> 96 x 96
+      threads, MACE-large's backward 128 -> 80 x 224) and more resident warps hide the latency
+      the early loads hid. H200, 50,000 rows (double backward 20,000), one process, fwd+bwd /
+      double backward ms, 64 -> 0: ``ir_mul`` NequIP-OAM 1.335 / 0.477 -> 1.335 / 0.443,
+      MACE-large 2.191 / 0.697 -> 2.177 / 0.663, NequIP-LiPS 0.876 / 0.318 -> 0.854 / 0.318,
+      MACE-medium 0.857 / 0.280 -> 0.847 / 0.283; ``mul_ir`` NequIP-LiPS 0.893 / 0.323 -> 0.865 /
+      0.308, MACE-large 2.198 / 0.679 -> 2.212 / 0.658 (2026-11-25-h200-batched-prefetch.md).
+      Float64 keeps ``prefetch`` (NequIP-OAM double backward 0.899 with it, 0.918 without).
     * ``min_warps``: warps per multiprocessor the compiler must leave registers for (whole
       blocks, ``__launch_bounds__``); a kernel that would spill more is rebuilt uncapped.
     * ``l2_prefetch``: the conv forward asks L2 for the weight row of the edge this many steps
@@ -98,6 +108,7 @@ class Config:
     batched_forward_registers: int = 96
     backward_values: int = 128
     prefetch: int = 64
+    batched_float32_backward_prefetch: int = 0
     min_warps: int = 16
     l2_prefetch: int = 4
     backward_l2_prefetch: int = 1

@@ -406,6 +406,21 @@ def test_rows_per_block():
     assert chunk(ir, np.float32, "tp_forward", shared=True) == chunk(ir, np.float32, "conv_forward") == schedule.LANES
 
 
+def test_operand_prefetch():
+    """A float32 batched backward with per-row weights loads each row's operands where they are
+    used (``Config.batched_float32_backward_prefetch`` = 0); float64, shared weights and the
+    conv load the next row's (edge's) operands early, under ``Config.prefetch``."""
+    assert schedule.DEFAULT.batched_float32_backward_prefetch == 0
+    desc = PROBLEMS["vec-ir_mul"]().descriptor.trilinear
+
+    def early(dtype, kind, shared=False):
+        return "if (kk + 1 < n)" in codegen.generate(desc, dtype, kind, shared=shared).source
+
+    assert not early(np.float32, "tp_backward")
+    assert early(np.float64, "tp_backward") and early(np.float32, "tp_backward", shared=True)
+    assert early(np.float32, "conv_backward") and early(np.float64, "conv_backward")
+
+
 @gpu
 def test_vmap_over_rows_and_graphs():
     tp = PROBLEMS["uvu"]()
