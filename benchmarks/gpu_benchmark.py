@@ -469,6 +469,9 @@ def markdown(result, passes):
         f"Copy bandwidth {meta['copy_bandwidth_GBps']:.0f} GB/s; " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items() if v),
         f"Median of {meta['repeat']} x {meta['calls']} jitted calls (fewer calls when slow). "
         "%HBM = HBM bound / measured time (see the script's docstring for the bytes counted).",
+        *([f"Rows merged from {', '.join(meta['merged_from'])} (a later file's row replaces an earlier one of its problem "
+           f"and dtype); their copy bandwidths {', '.join(f'{b:.0f}' for b in meta['copy_bandwidths_GBps'])} GB/s."]
+          if meta.get("merged_from") else []),
         "",
         "| problem | dtype | sizes | impl | " + " | ".join(f"{p} ms" for p in passes) + " | "
         + " | ".join(f"{BOUND_NAMES.get(b, b)} %HBM" for b in bounds) + " | compile s | temp MB |",
@@ -570,14 +573,18 @@ def write(result, passes, out_dir, stem, final):
 
 def merge(files, out_dir, tag):
     """Write the rows of several result files (runs split to fit the device's per-command
-    limit) as one table, speedups and geometric means; the first file's meta, with the
-    copy bandwidth each run measured."""
+    limit, or a later run of some rows) as one table, speedups and geometric means; the first
+    file's meta, with the copy bandwidth each run measured. A later file's row replaces an
+    earlier one of the same problem and dtype, in its place."""
     results = [json.loads(f.read_text()) for f in files]
     if len({(r["meta"]["device"], r["meta"]["mode"]) for r in results}) > 1:
         raise SystemExit("merge: the files come from different devices or modes")
     meta = dict(results[0]["meta"], merged_from=[f.name for f in files],
                 copy_bandwidths_GBps=[r["meta"]["copy_bandwidth_GBps"] for r in results])  # fmt: skip
-    rows = [row for r in results for row in r["rows"]]
+    rows = {}
+    for r in results:
+        rows.update({(row["problem"], row["dtype"]): row for row in r["rows"]})
+    rows = list(rows.values())
     order = list(conv_passes() if meta["mode"] == "conv" else tp_passes())
     passes = [p for p in order if any(p in c for r in rows for c in r["impls"].values())]
     md, written = write({"meta": meta, "rows": rows}, passes, out_dir, result_stem(meta, tag), final=True)

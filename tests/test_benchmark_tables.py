@@ -27,6 +27,22 @@ def _result(rows, bandwidth):
     return {"meta": meta, "rows": rows}
 
 
+def _merge(tmp_path, results, tag):
+    """Run ``gpu_benchmark.py --merge`` on `results` (written as files); the merged JSON and markdown."""
+    files = []
+    for n, result in enumerate(results):
+        files.append(tmp_path / f"p{n}.json")
+        files[-1].write_text(json.dumps(result))
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu_benchmark.py"), "--merge", ",".join(map(str, files)),
+         "--out", str(tmp_path), "--tag", tag],
+        capture_output=True, text=True, cwd=ROOT / "benchmarks", timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    stem = tmp_path / f"2026-11-25-h200-tp-{tag}"
+    return json.loads(stem.with_suffix(".json").read_text()), stem.with_suffix(".md").read_text()
+
+
 def test_merged_table_has_geometric_means_in_each_peers_layout(tmp_path):
     f32 = _result([
         # cuex is compared with jequi in ir_mul (1.0 / 2.0 / 4.0 ms), e3nn with jequi in mul_ir
@@ -34,18 +50,7 @@ def test_merged_table_has_geometric_means_in_each_peers_layout(tmp_path):
                                      "cuex": (2.0, 2.0, 2.0), "e3nn": (4.0, 4.0, 4.0)}),
     ], 4000)  # fmt: skip
     f64 = _result([_row("b", "uvw", "float64", {"jequi-default": (1.0, 1.0, 1.0), "cuex": (1.0, 1.0, 1.0), "e3nn": (8.0, 8.0, 8.0)})], 4100)
-    files = []
-    for name, result in (("p1.json", f32), ("p2.json", f64)):
-        files.append(tmp_path / name)
-        files[-1].write_text(json.dumps(result))
-    run = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "gpu_benchmark.py"), "--merge", ",".join(map(str, files)),
-         "--out", str(tmp_path), "--tag", "both"],
-        capture_output=True, text=True, cwd=ROOT / "benchmarks", timeout=300,
-    )  # fmt: skip
-    assert run.returncode == 0, run.stderr[-2000:]
-    md = (tmp_path / "2026-11-25-h200-tp-both.md").read_text()
-    merged = json.loads((tmp_path / "2026-11-25-h200-tp-both.json").read_text())
+    merged, md = _merge(tmp_path, [f32, f64], "both")
     assert [r["problem"] for r in merged["rows"]] == ["a", "b"]
     assert merged["meta"]["copy_bandwidths_GBps"] == [4000, 4100]
     assert "| a | float32 | default 1.000 / default 1.000 / default 1.000 | 4.00x / 4.00x / 4.00x | 2.00x / 1.00x / 0.50x |" in md
@@ -57,3 +62,12 @@ def test_merged_table_has_geometric_means_in_each_peers_layout(tmp_path):
     assert "Cells where a peer is faster: a float32 dbl vs cuex 0.50x." in md
     # the double backward against both bounds: the fused kernel's and the two-kernel one's
     assert "| dbl %HBM | dbl 2-kernel %HBM |" in md and "| 50% | 50% | 50% | 100% |" in md
+
+
+def test_later_run_of_a_row_replaces_it_in_place(tmp_path):
+    first = _result([_row(p, "uvu", "float32", {"jequi-default": (1.0, 1.0, 1.0), "cuex": (1.0, 1.0, 1.0)}) for p in "abc"], 4000)
+    again = _result([_row("b", "uvu", "float32", {"jequi-default": (1.0, 1.0, 1.0), "cuex": (2.0, 2.0, 2.0)})], 4100)
+    merged, md = _merge(tmp_path, [first, again], "again")
+    assert [r["problem"] for r in merged["rows"]] == ["a", "b", "c"]
+    assert merged["rows"][1]["impls"]["cuex"]["fwd"]["ms"] == 2.0
+    assert "Rows merged from p0.json, p1.json" in md and "their copy bandwidths 4000, 4100 GB/s" in md
