@@ -9,7 +9,8 @@
 //
 // Kernel parameters: a pointer per argument buffer, then a pointer per result buffer, then the
 // int64 attribute array "scalars". Result i is zeroed before the launch where bit i of the
-// attribute "zero" is set (a kernel that adds into it with atomics). Launch: block "threads"
+// attribute "zero" is set (a kernel that adds into it with atomics, or leaves parts of it
+// unwritten: ffi.ops.untouched). Launch: block "threads"
 // x 1 x 1, "smem" bytes of dynamic shared memory, grid ("grid_x", B, 1) where
 // B = element_count(argument 0) / "unit": the batch size, which grows when jax.vmap batches
 // the call (vmap_method="broadcast_all").

@@ -44,6 +44,28 @@ def unsupported_reason(desc) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=256)
+def untouched(desc) -> tuple[bool, bool, bool]:
+    """Whether some element of ``x``, of ``w`` and of the output of `desc` is in no term (an
+    input or output segment that no path reaches, a path of weight zero). The kernels write
+    only the segments and weights their terms reach, so ``gx``, ``gw`` or the output are then
+    zeroed before the kernel runs (``gy``'s unread components are stored as zeros)."""
+    ts = schedule.terms(desc)
+    d1, _, dout = desc.dims
+    x = sum(s.size for s in {id(t.x): t.x for t in ts}.values())
+    w = sum(p.weight_numel for p in {id(t.path): t.path for t in ts}.values())
+    out = sum(s.size for s in {id(t.out): t.out for t in ts}.values())
+    return x < d1, w < desc.weight_numel, out < dout
+
+
+def _zeroed(desc, needs) -> tuple[int, ...]:
+    """The results of a backward computing the gradients `needs` that must start at zero
+    (:func:`untouched`), numbered among the results computed."""
+    x, w, _ = untouched(desc)
+    computed = [i for i, need in enumerate(needs) if need]
+    return tuple(computed.index(i) for i, partial in ((0, x), (2, w)) if needs[i] and partial)
+
+
 # Kernels generated in this process, by (descriptor, dtype, kind, sums, shared).
 generated: dict[tuple, codegen.Kernel] = {}
 
@@ -88,7 +110,8 @@ def forward_sum(desc, arrays, triples=FORWARD.out):
     x, _, w = arrays[:3]
     n = x.shape[0]
     k = kernel(desc, x.dtype, "tp_forward", Sums(triples, (), (), ()), shared=w.ndim == 1)
-    return _call(k, arrays, _struct((n, desc.dims[2]), x.dtype), -(-n // k.chunk) * k.groups, [n])
+    zero = (0,) if untouched(desc)[2] else ()
+    return _call(k, arrays, _struct((n, desc.dims[2]), x.dtype), -(-n // k.chunk) * k.groups, [n], zero=zero)
 
 
 def _gradients(k, needs, results, shared: bool):
@@ -116,7 +139,7 @@ def backward_sum(desc, arrays, pairs=BACKWARD_PAIRS):
     blocks = -(-n // k.chunk)
     shapes = [(n, d1), (k.groups, n, d2), (blocks, desc.weight_numel) if shared else (n, desc.weight_numel)]
     outs = [_struct(s, x.dtype) for s, need in zip(shapes, sums.needs) if need]
-    return _gradients(k, sums.needs, _call(k, arrays, outs, blocks * k.groups, [n]), shared)
+    return _gradients(k, sums.needs, _call(k, arrays, outs, blocks * k.groups, [n], zero=_zeroed(desc, sums.needs)), shared)
 
 
 def forward(desc, x, y, w):
@@ -135,7 +158,8 @@ def conv_forward_sum(desc, arrays, graph, triples=FORWARD.out):
     indices = (graph.receiver_order, graph.receiver_senders, graph.receiver_offsets)
     scalars = [graph.num_nodes, graph.num_senders, graph.num_edges]
     out = _struct((graph.num_nodes, desc.dims[2]), x.dtype)
-    return _call(k, arrays, out, graph.num_nodes * k.groups, scalars, indices)
+    zero = (0,) if untouched(desc)[2] else ()
+    return _call(k, arrays, out, graph.num_nodes * k.groups, scalars, indices, zero)
 
 
 def conv_backward_sum(desc, arrays, graph, pairs=BACKWARD_PAIRS, atomic: bool = False):
@@ -155,7 +179,7 @@ def conv_backward_sum(desc, arrays, graph, pairs=BACKWARD_PAIRS, atomic: bool = 
         indices = (graph.receiver_order, graph.receiver_senders, graph.receiver_offsets)
     else:
         indices = (graph.sender_order, graph.sender_receivers, graph.sender_offsets)
-    zero = (0,) if atomic and sums.needs[0] else ()
+    zero = tuple(sorted({*_zeroed(desc, sums.needs), *((0,) if atomic and sums.needs[0] else ())}))
     results = _call(k, arrays, outs, (walked + 1) * k.groups, [graph.num_nodes, ns, e], indices, zero)
     return _gradients(k, sums.needs, results, shared)
 

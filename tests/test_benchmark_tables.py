@@ -4,6 +4,7 @@ subprocess: it enables float64 for the whole process)."""
 
 import json
 import math
+import os
 import pathlib
 import subprocess
 import sys
@@ -37,6 +38,7 @@ def _merge(tmp_path, results, tag):
         [sys.executable, str(ROOT / "benchmarks" / "gpu_benchmark.py"), "--merge", ",".join(map(str, files)),
          "--out", str(tmp_path), "--tag", tag],
         capture_output=True, text=True, cwd=ROOT / "benchmarks", timeout=300,
+        env={k: v for k, v in os.environ.items() if k != "OUT"},  # the script copies its files to $OUT too
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-2000:]
     stem = tmp_path / f"2026-11-25-h200-tp-{tag}"

@@ -32,6 +32,8 @@ PROBLEMS = {
     # 4, 2 and 1 channels per lane (float32; 2, 2, 1 in float64)
     "vec": lambda: jequi.channelwise("128x0e+64x1o+32x2e", "0e+1o+2e", "0e+1o+2e+3o"),
     "vec-ir_mul": lambda: jequi.channelwise("128x0e+64x1o+32x2e", "0e+1o+2e", "0e+1o+2e+3o", layout="ir_mul"),
+    # an input segment and output segments that no path reaches: their gradient and values are zero
+    "unreached": lambda: jequi.TensorProduct("2x0e+3x1o", "0e+1o", "2x1o+2x0e+3x2e", [(0, 1, 0, "uvu", True)]),
 }
 if ON_GPU:
     for n in ("mace-large", "nequip-oam-main", "nequix-first"):
@@ -404,6 +406,16 @@ def test_rows_per_block():
     assert chunk(mul, np.float32, "tp_forward") == chunk(ir, np.float64, "tp_forward") == config.batched_forward_rows == 2
     assert chunk(ir, np.float32, "tp_backward") == chunk(mul, np.float64, "tp_backward") == config.batched_backward_rows
     assert chunk(ir, np.float32, "tp_forward", shared=True) == chunk(ir, np.float32, "conv_forward") == schedule.LANES
+
+
+def test_untouched_results_start_at_zero():
+    """Where no term reaches an input or output segment, the kernels do not write it: its
+    result (``gx``, the output) is zeroed before the kernel runs, and only then."""
+    unreached = PROBLEMS["unreached"]().descriptor.trilinear
+    assert ops.untouched(unreached) == (True, False, True)
+    assert ops._zeroed(unreached, (True, True, True)) == (0,) and ops._zeroed(unreached, (False, True, True)) == ()
+    full = PROBLEMS["uvu"]().descriptor.trilinear
+    assert ops.untouched(full) == (False, False, False) and ops._zeroed(full, (True, True, True)) == ()
 
 
 def test_operand_prefetch():
