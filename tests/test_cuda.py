@@ -416,6 +416,9 @@ def test_untouched_results_start_at_zero():
     assert ops._zeroed(unreached, (True, True, True)) == (0,) and ops._zeroed(unreached, (False, True, True)) == ()
     full = PROBLEMS["uvu"]().descriptor.trilinear
     assert ops.untouched(full) == (False, False, False) and ops._zeroed(full, (True, True, True)) == ()
+    silent = jequi.TensorProduct("2x0e+2x1o", "0e", "2x0e+2x1o", [(0, 0, 0, "uvu", True), (1, 0, 1, "uvu", True, 0.0)])
+    assert ops.untouched(silent.descriptor.trilinear) == (True, True, True)  # the path of weight zero reaches nothing
+    assert ops._zeroed(silent.descriptor.trilinear, (False, True, True)) == (1,)
 
 
 def test_operand_prefetch():
