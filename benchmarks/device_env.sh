@@ -8,4 +8,10 @@ if [ -d /tmp/peers_oeq ] && [ -d /tmp/peers ]; then
 else
   source .peers/setup_peers.sh
 fi
+# The test extras the image lacks, where .whl is carried too (benchmarks/fetch_test_wheels.sh).
+if [ -d .whl ]; then
+  [ -f /tmp/site/.installed ] || { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl && touch /tmp/site/.installed; }
+  export PYTHONPATH=/tmp/site:$PYTHONPATH
+fi
 export PYTHONPATH=$PWD:$PYTHONPATH PYTHONUNBUFFERED=1
