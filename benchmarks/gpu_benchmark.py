@@ -577,8 +577,9 @@ def merge(files, out_dir, tag):
     file's meta, with the copy bandwidth each run measured. A later file's row replaces an
     earlier one of the same problem and dtype, in its place."""
     results = [json.loads(f.read_text()) for f in files]
-    if len({(r["meta"]["device"], r["meta"]["mode"]) for r in results}) > 1:
-        raise SystemExit("merge: the files come from different devices or modes")
+    same = ("device", "mode", "batch", "dbl_batch", "repeat", "calls")
+    if len({tuple(r["meta"].get(k) for k in same) for r in results}) > 1:
+        raise SystemExit(f"merge: the files differ in one of {', '.join(same)}")
     meta = dict(results[0]["meta"], merged_from=[f.name for f in files],
                 copy_bandwidths_GBps=[r["meta"]["copy_bandwidth_GBps"] for r in results])  # fmt: skip
     rows = {}

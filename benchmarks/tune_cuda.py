@@ -4,7 +4,7 @@ schedule knobs (GPU run, device tool).
     python3 benchmarks/tune_cuda.py [--problems mace-large] [--graph carbon] [--dtype float32]
         [--layouts mul_ir,ir_mul] [--backends cuda,cuda-atomic,pallas] [--tp-batch 50000] [--dbl-batch 20000]
         [--forward-registers 64] [--batched-forward-registers 128] [--backward-values 128]
-        [--prefetch 64,0] [--min-warps 16,0] [--l2-prefetch 4,0] [--block-warps 8] [--channels 1,4]
+        [--prefetch 64,0] [--batched-float32-backward-prefetch 0,64] [--min-warps 16,0] [--l2-prefetch 4,0] [--block-warps 8] [--channels 1,4]
         [--smem-budget 65536] [--spill-bytes rule,64,0] [--second fused,composed]
         [--no-conv] [--no-backward] [--conv-dbl]
 

@@ -26,7 +26,7 @@ every warp first builds ``A`` (:mod:`.schedule`) for some of the chunk's terms, 
 lane, with the CG coefficients as literals; after a barrier each warp runs its
 :class:`~.schedule.Program` over the chunk's edges, its channels per lane at once, reading ``A`` from
 shared memory by broadcast, with the next edge's operands loaded before this one's arithmetic
-(not in a float32 batched backward: ``Config.batched_float32_backward_prefetch``) and the weight rows a few edges ahead requested into L2 (a batched forward in ``mul_ir`` moves
+(not in a float32 batched backward with per-row weights: ``Config.batched_float32_backward_prefetch``) and the weight rows a few edges ahead requested into L2 (a batched forward in ``mul_ir`` moves
 each row segment through the warp's shared memory, loaded and stored whole; its lanes' own
 components are strided). Data used once streams past the caches (but a batched backward's
 rows, read through L1: measured faster); the gathered rows keep L2. ``gy`` (a sum over

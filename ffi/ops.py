@@ -37,6 +37,8 @@ def unsupported_reason(desc) -> str | None:
     bad = schedule.unsupported(desc)
     if bad:
         return f"the cuda backend runs mode(s) {', '.join(schedule.SUPPORTED_MODES)}, not {', '.join(sorted(bad))}"
+    if not schedule.terms(desc):
+        return "no path of the product has a nonzero coefficient"
     try:
         codegen.generate(desc, np.dtype(np.float64), "conv_backward")
     except ValueError as exc:
@@ -47,7 +49,8 @@ def unsupported_reason(desc) -> str | None:
 @functools.lru_cache(maxsize=256)
 def untouched(desc) -> tuple[bool, bool, bool]:
     """Whether some element of ``x``, of ``w`` and of the output of `desc` is in no term (an
-    input or output segment that no path reaches, a path of weight zero). The kernels write
+    input or output segment that no path reaches, a path whose normalization is zero or whose
+    coefficients all vanish: :func:`~.schedule.terms`). The kernels write
     only the segments and weights their terms reach, so ``gx``, ``gw`` or the output are then
     zeroed before the kernel runs (``gy``'s unread components are stored as zeros)."""
     ts = schedule.terms(desc)

@@ -250,7 +250,8 @@ class Program:
     """The terms a group of warps computes, `channels` consecutive channels per lane (a warp
     per ``32 * channels`` channels of `mul`; the warps run one copy of the code: the channel
     offset is the warp's place in the group). `prefetch`: the next edge's (row's) operands
-    are loaded into registers before this one's arithmetic."""
+    are loaded into registers before this one's arithmetic, where the kernel's limit allows
+    (``Config.prefetch``, ``batched_float32_backward_prefetch``)."""
 
     mul: int
     terms: tuple[Term, ...]
@@ -292,10 +293,14 @@ def unsupported(desc: TensorProductDescriptor) -> set[str]:
 @functools.lru_cache(maxsize=256)
 def terms(desc: TensorProductDescriptor) -> tuple[Term, ...]:
     """The terms of the active paths of `desc` (its trilinear view: every path weighted); the
-    same objects on every call, so schedules of one descriptor can be compared by identity."""
+    same objects on every call, so schedules of one descriptor can be compared by identity. A
+    path whose coefficients are all below the kernels' zero (a vanishing path weight) has none:
+    what it would write is zeroed (``ffi.ops.untouched``)."""
     out = []
     for p in desc.active_paths:
         assert p.mode == "uvu" and p.has_weight, p
+        if not np.any(np.abs(p.cg) > _ZERO):
+            continue
         for v in range(p.mul_in2):
             out.append(Term(p, v, desc.in1[p.i_in1], desc.in2[p.i_in2], desc.out[p.i_out]))
     return tuple(out)

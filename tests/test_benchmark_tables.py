@@ -9,6 +9,8 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
@@ -73,3 +75,6 @@ def test_later_run_of_a_row_replaces_it_in_place(tmp_path):
     assert [r["problem"] for r in merged["rows"]] == ["a", "b", "c"]
     assert merged["rows"][1]["impls"]["cuex"]["fwd"]["ms"] == 2.0
     assert "Rows merged from p0.json, p1.json" in md and "their copy bandwidths 4000, 4100 GB/s" in md
+    other = dict(again, meta=dict(again["meta"], batch=1000))
+    with pytest.raises(AssertionError, match="differ in one of device, mode, batch"):
+        _merge(tmp_path, [first, other], "other")

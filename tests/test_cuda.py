@@ -419,6 +419,48 @@ def test_untouched_results_start_at_zero():
     silent = jequi.TensorProduct("2x0e+2x1o", "0e", "2x0e+2x1o", [(0, 0, 0, "uvu", True), (1, 0, 1, "uvu", True, 0.0)])
     assert ops.untouched(silent.descriptor.trilinear) == (True, True, True)  # the path of weight zero reaches nothing
     assert ops._zeroed(silent.descriptor.trilinear, (False, True, True)) == (1,)
+    # a path whose coefficients all fall below the kernels' zero has no terms (and no literal)
+    tiny = jequi.TensorProduct("2x0e+2x1o", "0e", "2x0e+2x1o", [(0, 0, 0, "uvu", True), (1, 0, 1, "uvu", True, 1e-40)])
+    assert ops.untouched(tiny.descriptor.trilinear) == (True, True, True)
+    assert "None" not in codegen.generate(tiny.descriptor.trilinear, np.float32, "tp_backward").source
+    alone = jequi.TensorProduct("2x1o", "0e", "2x1o", [(0, 0, 0, "uvu", True, 1e-40)])
+    assert ops.unsupported_reason(alone.descriptor.trilinear) == "no path of the product has a nonzero coefficient"
+
+
+def test_every_op_zeroes_the_untouched_results(monkeypatch):
+    """Each op hands the results :func:`ffi.ops.untouched` finds to the launcher's zero mask,
+    numbered among the results it computes (kernels generated, not compiled: launches captured)."""
+    launches = []
+
+    def launch(k, args, outs, grid_x, unit, scalars, zero=()):
+        launches.append(zero)
+        return [jnp.zeros(o.shape, o.dtype) for o in outs] if isinstance(outs, list) else jnp.zeros(outs.shape, outs.dtype)
+
+    monkeypatch.setattr(ops, "kernel", lambda desc, dtype, kind, sums=schedule.Sums(), shared=False: codegen.generate(
+        desc, dtype, kind, sums.of_kind(kind.endswith("backward")), shared))  # fmt: skip
+    monkeypatch.setattr(build, "call", launch)
+    silent = jequi.TensorProduct("2x0e+2x1o", "0e", "2x0e+2x1o", [(0, 0, 0, "uvu", True), (1, 0, 1, "uvu", True, 0.0)])
+    graph = jequi.Graph.build(np.array([0, 1, 2]), np.array([1, 2, 0]), 3)
+    # the zero masks of: forward; backward; backward without gx; conv forward; conv backward;
+    # atomic conv backward (which zeroes gx to add into it); the same without gx
+    cases = [
+        (PROBLEMS["uvu"](), [(), (), (), (), (), (0,), ()]),
+        (PROBLEMS["unreached"](), [(0,), (0,), (), (0,), (0,), (0,), ()]),  # the output and gx
+        (silent, [(0,), (0, 2), (1,), (0,), (0, 2), (0, 2), (1,)]),  # the output, gx and gw
+    ]
+    for tp, expected in cases:
+        desc = tp.descriptor.trilinear
+        d1, d2, dout = desc.dims
+        x, y, w, gz = (np.ones((3, d), np.float32) for d in (d1, d2, desc.weight_numel, dout))
+        launches.clear()
+        ops.forward(desc, x, y, w)
+        ops.backward(desc, x, y, w, gz)
+        ops.backward(desc, x, y, w, gz, needs=(False, True, True))
+        ops.conv_forward(desc, x, y, w, graph)
+        ops.conv_backward(desc, x, y, w, gz, graph)
+        ops.conv_backward(desc, x, y, w, gz, graph, atomic=True)
+        ops.conv_backward(desc, x, y, w, gz, graph, needs=(False, True, True), atomic=True)
+        assert launches == expected, (tp, launches)
 
 
 def test_operand_prefetch():
