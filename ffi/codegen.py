@@ -729,12 +729,18 @@ class _Kernel:
                 w(f"build_a{self.gi}(warp, {PARAM[pos]} + (long long)e * D2, {_table(pos)} + lane * NA);")
         w("__syncthreads();")
 
-    def tp_forward(self):
+    def _row_tables(self):
+        """A batched kind's block: its rows ``row0 .. row0 + n`` and their ``A`` tables (a lane
+        builds its row's), then the barrier before any program reads them."""
         w = self.w
         w("const long long row0 = (long long)node * K;", "const int n = (int)min((long long)K, num_rows - row0);")
         for pos in self.tables:
             w(f"if (lane < n) build_a{self.gi}(warp, {PARAM[pos]} + (row0 + lane) * D2, {_table(pos)} + lane * NA);")
         w("__syncthreads();")
+
+    def tp_forward(self):
+        w = self.w
+        self._row_tables()
 
         def body(q, p, names):
             def math():
@@ -797,10 +803,7 @@ class _Kernel:
 
     def tp_backward(self):
         w = self.w
-        w("const long long row0 = (long long)node * K;", "const int n = (int)min((long long)K, num_rows - row0);")
-        for pos in self.tables:
-            w(f"if (lane < n) build_a{self.gi}(warp, {PARAM[pos]} + (row0 + lane) * D2, {_table(pos)} + lane * NA);")
-        w("__syncthreads();")
+        self._row_tables()
 
         def body(q, p, names):
             self._declare_shared_gw(p, names)
