@@ -262,7 +262,8 @@ class _Kernel:
         one = self.staged or (not self.conv and not self.backward and self.dtype == np.float64)
         channels = 1 if one else config.forward_channels if self.conv and not self.backward else config.channels
         if self.backward:
-            programs = schedule.backward_programs(desc, self.dtype, config.backward_values, channels, self.sums)
+            values = config.batched_float32_backward_values if batched_float32_backward else config.backward_values
+            programs = schedule.backward_programs(desc, self.dtype, values, channels, self.sums)
         else:
             regs = config.forward_registers if self.conv else config.batched_forward_registers
             programs = schedule.forward_programs(desc, self.dtype, regs, channels, self.sums, one_segment=not self.conv)

@@ -54,6 +54,11 @@ class Config:
       float64 beat a budget in registers).
     * ``prefetch``: load the next edge's (row's) operands before this one's arithmetic where
       they take at most this many 32-bit registers per lane (0: never).
+    * ``batched_float32_backward_values``: ``backward_values`` for a float32 batched backward
+      with per-row weights, apart so that it can move without the conv's and float64's
+      programs. Stop 33's sweep (float32 ``ir_mul``, 4 rows, H200, double backward ms, 128 -> 96):
+      NequIP-LiPS 0.318 -> 0.303-0.307, NequIP-OAM 0.457 -> 0.447, MACE-medium and MACE-large
+      equal (2026-11-25-h200-batched-prefetch.md); ``mul_ir`` not yet measured, so it stays at 128.
     * ``batched_float32_backward_prefetch``: ``prefetch`` for a float32 batched backward with
       per-row weights (0: each row's operands are loaded where they are used). Without the early
       loads the compiler gives these kernels fewer registers (NequIP-LiPS 168 -> 96 x 96
@@ -107,6 +112,7 @@ class Config:
     forward_channels: int = 2
     batched_forward_registers: int = 96
     backward_values: int = 128
+    batched_float32_backward_values: int = 128
     prefetch: int = 64
     batched_float32_backward_prefetch: int = 0
     min_warps: int = 16

@@ -478,6 +478,24 @@ def test_operand_prefetch():
     assert early(np.float32, "conv_backward") and early(np.float64, "conv_backward")
 
 
+
+def test_batched_float32_backward_values():
+    """``Config.batched_float32_backward_values`` sizes the programs of a float32 batched
+    backward with per-row weights, and of no other kernel (``backward_values`` sizes those)."""
+    desc = PROBLEMS["vec-ir_mul"]().descriptor.trilinear
+    kernels = ((np.float32, "tp_backward", False), (np.float32, "tp_backward", True),
+               (np.float64, "tp_backward", False), (np.float32, "conv_backward", False))  # fmt: skip
+
+    def sources(**knobs):
+        config = dataclasses.replace(schedule.DEFAULT, **knobs)
+        return [codegen.generate(desc, np.dtype(dt), kind, shared=shared, config=config) for dt, kind, shared in kernels]
+
+    default, small = sources(), sources(batched_float32_backward_values=32)
+    assert small[0].threads > default[0].threads
+    assert [k.source for k in small[1:]] == [k.source for k in default[1:]]
+    fewer = sources(backward_values=32, batched_float32_backward_values=schedule.DEFAULT.batched_float32_backward_values)
+    assert fewer[0].source == default[0].source and all(a.source != b.source for a, b in zip(fewer[1:], default[1:]))
+
 @gpu
 def test_vmap_over_rows_and_graphs():
     tp = PROBLEMS["uvu"]()
