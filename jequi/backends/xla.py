@@ -1,22 +1,25 @@
 """The ``"xla"`` backend: pure JAX, any platform; the CPU default and the test oracle.
 
-The paths of a descriptor are grouped by ``(mode, has_weight, input-1 block, multiplicities,
-output irrep dimension)``. Within a group, every path has the same shape of computation, so
-the whole group is two ``einsum`` calls on stacked operands:
+The paths of a descriptor are grouped by ``(mode, has_weight, input-1 block, input-2
+multiplicity, output block)``. Within a group, every path has the same shape of computation
+and adds into the same output block, so the whole group is two ``einsum`` calls on stacked
+operands and a sum over its paths:
 
 * ``X1[..., u, i]``: the group's one block of ``x``; ``X2[..., v, J]``: the distinct blocks
-  of ``y`` it reads, concatenated (slices and reshapes, never gathers: XLA fuses them,
-  while static gathers are slow on CPU);
+  of ``y`` it reads, concatenated (reshapes, never gathers: XLA fuses them, while static
+  gathers are slow on CPU);
 * ``C[i, J, p, k]``: the group's CG blocks (normalization folded in, zero elsewhere);
-* ``T = X2 . C`` (small: no channel of ``x`` in it), then ``Z = X1 . T . W`` per mode;
-* ``W[..., u, v, (w), p]``: the group's weights, sliced from the flat weight vector.
+* ``T = X2 . C`` (small: no channel of ``x`` in it), then ``Z = sum_p X1 . T . W`` per mode;
+* ``W[..., u, v, (w), p]``: the group's weights, stacked from the flat weight vector.
 
 Keying groups on the ``x`` block keeps ``C`` dense along ``i`` (stacking several ``x`` blocks
 would multiply the dominant ``X1 . T`` work by zeros).
 
-Each path's output block is added into its output segment and the segments concatenated
-(no scatter). A problem has a handful of groups (one per output ``l`` for channelwise
-products), not one einsum per path.
+``x``, ``y`` and ``w`` are cut into their blocks (and paths' weights) once per call, by one
+split each (:func:`_pieces`), and each group's sum is added into its output block, the blocks
+concatenated: no slice or scatter, whose transposes (a zero-padded copy of the whole operand
+per use) made the double backward 2-3x slower on CPU than e3nn-jax's
+(benchmarks/results/2026-11-26-cpu-reference.md).
 
 ``backward`` is ``jax.vjp`` of ``forward`` (in the needed inputs only); convolutions are
 gather, tensor product and ``segment_sum``.
@@ -55,6 +58,7 @@ class _Group:
     in2: tuple[Segment, ...]  # distinct blocks of y, stacked along J
     cg: np.ndarray  # (d1, D2, P, k)
     paths: tuple[Path, ...]
+    i_out: int  # the output segment every path of the group adds into
 
 
 def _make_group(desc: TensorProductDescriptor, paths: list[Path]) -> _Group:
@@ -65,7 +69,7 @@ def _make_group(desc: TensorProductDescriptor, paths: list[Path]) -> _Group:
     cg = np.zeros((p0.ir_in1.dim, total2, len(paths), p0.ir_out.dim))
     for n, p in enumerate(paths):
         cg[:, start2[p.i_in2] : start2[p.i_in2] + p.ir_in2.dim, n, :] = p.cg
-    return _Group(p0.mode, p0.has_weight, desc.in1[p0.i_in1], tuple(desc.in2[s] for s in used2), cg, tuple(paths))
+    return _Group(p0.mode, p0.has_weight, desc.in1[p0.i_in1], tuple(desc.in2[s] for s in used2), cg, tuple(paths), p0.i_out)
 
 
 @functools.lru_cache(maxsize=256)
@@ -73,17 +77,33 @@ def plan(desc: TensorProductDescriptor) -> tuple[_Group, ...]:
     """The descriptor's paths grouped by shape of computation (see module docstring)."""
     by_key: dict[tuple, list[Path]] = {}
     for p in desc.active_paths:
-        key = (p.mode, p.has_weight, p.i_in1, p.mul_in2, p.mul_out, p.ir_out.dim)
+        key = (p.mode, p.has_weight, p.i_in1, p.mul_in2, p.i_out)
         by_key.setdefault(key, []).append(p)
     return tuple(_make_group(desc, paths) for paths in by_key.values())
 
 
-def _block(a, s: Segment):
-    """The ``(..., mul, ir_dim)`` view of block `s` of the flat array `a` (slices, no gather)."""
-    flat = a[..., s.offset : s.offset + s.size]
+def _pieces(a, ranges: list[tuple[int, int]]) -> list:
+    """``a[..., start:stop]`` for each of the disjoint `ranges`, from one split of the last axis.
+
+    The transpose of a split is one concatenate; each slice's would pad a zero copy of the whole
+    array, and a double backward transposes every one of them again (NequIP-LiPS: 210 pads)."""
+    cuts = sorted({c for r in ranges for c in r} | {0, a.shape[-1]})
+    parts = dict(zip(zip(cuts, cuts[1:]), jnp.split(a, cuts[1:-1], axis=-1)))
+    return [parts[r] if r[1] > r[0] else a[..., r[0] : r[1]] for r in ranges]
+
+
+def _block(flat, s: Segment):
+    """The ``(..., mul, ir_dim)`` view of block `s`, given its ``(..., s.size)`` values."""
     if s.layout == "mul_ir":
-        return flat.reshape(*a.shape[:-1], s.mul, s.ir_dim)
-    return jnp.swapaxes(flat.reshape(*a.shape[:-1], s.ir_dim, s.mul), -1, -2)
+        return flat.reshape(*flat.shape[:-1], s.mul, s.ir_dim)
+    return jnp.swapaxes(flat.reshape(*flat.shape[:-1], s.ir_dim, s.mul), -1, -2)
+
+
+def _blocks(a, segments) -> dict:
+    """Segment -> its :func:`_block` of the flat array `a`: each block made once, so that
+    autodiff sums its cotangents from every group before one transpose."""
+    pieces = _pieces(a, [(s.offset, s.offset + s.size) for s in segments])
+    return {s: _block(piece, s) for s, piece in zip(segments, pieces)}
 
 
 def _unblock(b, s: Segment):
@@ -93,18 +113,15 @@ def _unblock(b, s: Segment):
     return b.reshape(*b.shape[:-2], s.size)
 
 
-def _group_forward(g: _Group, x, y, w, dtype):
-    """``(..., mul_out, P, k)``: the outputs of the group's paths."""
-    x1 = _block(x, g.in1)
-    x2 = jnp.concatenate([_block(y, s) for s in g.in2], axis=-1)
+def _group_forward(g: _Group, x1, x2, weights, dtype):
+    """``(..., mul_out, k)``: the sum of the outputs of the group's paths, from its ``x``
+    block `x1`, its ``y`` blocks `x2` and its paths' `weights` (flat, None if unweighted)."""
+    x2 = jnp.concatenate(x2, axis=-1)
     s1, st, sw, so = _SPECS[g.mode]
     t = jnp.einsum(f"...{st[0]}j,ij{st[2:]}->...{st}", x2, jnp.asarray(g.cg, dtype), precision=_HIGHEST)
     if g.has_weight:
-        wg = jnp.stack(
-            [w[..., p.weight_offset : p.weight_offset + p.weight_numel].reshape(*w.shape[:-1], *p.weight_shape) for p in g.paths],
-            axis=-1,
-        )
-        wsub = ("..." if w.ndim > 1 else "") + sw
+        wg = jnp.stack([wp.reshape(*wp.shape[:-1], *p.weight_shape) for wp, p in zip(weights, g.paths)], axis=-1)
+        wsub = ("..." if wg.ndim > len(sw) else "") + sw
         z = jnp.einsum(f"...{s1},...{st},{wsub}->...{so}", x1, t, wg, precision=_HIGHEST)
     else:
         # Unweighted: the weight index is summed (uvu, uvv) or absent; uuw gives mul_out 1.
@@ -114,18 +131,21 @@ def _group_forward(g: _Group, x, y, w, dtype):
             z = z[..., None, :, :]
     if g.mode == "uvuv":
         z = z.reshape(*z.shape[:-4], -1, *z.shape[-2:])
-    return z
+    return z.sum(axis=-2)
 
 
 def forward(desc: TensorProductDescriptor, x, y, w):
     """``z = tp(x, y, w)`` for arrays with any (broadcastable) leading dims; ``w`` may be 1-D."""
     dtype = x.dtype
     batch = jnp.broadcast_shapes(x.shape[:-1], y.shape[:-1], w.shape[:-1])
+    groups = plan(desc)
+    xb, yb = _blocks(x, desc.in1), _blocks(y, desc.in2)
+    weighted = [p for g in groups if g.has_weight for p in g.paths]
+    wp = dict(zip(map(id, weighted), _pieces(w, [(p.weight_offset, p.weight_offset + p.weight_numel) for p in weighted])))
     blocks: list[list] = [[] for _ in desc.out]
-    for g in plan(desc):
-        z = _group_forward(g, x, y, w, dtype)
-        for n, p in enumerate(g.paths):
-            blocks[p.i_out].append(z[..., n, :])
+    for g in groups:
+        weights = [wp[id(p)] for p in g.paths] if g.has_weight else None
+        blocks[g.i_out].append(_group_forward(g, xb[g.in1], [yb[s] for s in g.in2], weights, dtype))
     out = [
         jnp.broadcast_to(_unblock(sum(b[1:], b[0]), s), (*batch, s.size)) if b else jnp.zeros((*batch, s.size), dtype)
         for b, s in zip(blocks, desc.out)
