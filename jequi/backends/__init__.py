@@ -47,7 +47,9 @@ class Backend:
 
 
 BACKENDS: dict[str, Backend] = {
-    "xla": Backend("xla", xla.forward, xla.backward, xla.conv_forward, xla.conv_backward),
+    "xla": Backend(
+        "xla", xla.forward, xla.backward, xla.conv_forward, xla.conv_backward, second=xla.second, conv_second=xla.conv_second
+    ),
     # On CPU the Pallas kernels run in interpret mode: available (for tests), never the default.
     "pallas": Backend(
         "pallas", pallas.forward, pallas.backward, pallas.conv_forward, pallas.conv_backward, pallas.check,
