@@ -740,7 +740,6 @@ class _Kernel:
         w("__syncthreads();")
 
     def tp_forward(self):
-        w = self.w
         self._row_tables()
 
         def body(q, p, names):

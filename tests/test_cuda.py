@@ -478,7 +478,6 @@ def test_operand_prefetch():
     assert early(np.float32, "conv_backward") and early(np.float64, "conv_backward")
 
 
-
 def test_batched_float32_backward_values():
     """``Config.batched_float32_backward_values`` sizes the programs of a float32 batched
     backward with per-row weights, and of no other kernel (``backward_values`` sizes those)."""
@@ -495,6 +494,7 @@ def test_batched_float32_backward_values():
     assert [k.source for k in small[1:]] == [k.source for k in default[1:]]
     fewer = sources(backward_values=32, batched_float32_backward_values=schedule.DEFAULT.batched_float32_backward_values)
     assert fewer[0].source == default[0].source and all(a.source != b.source for a, b in zip(fewer[1:], default[1:]))
+
 
 @gpu
 def test_vmap_over_rows_and_graphs():
