@@ -56,9 +56,13 @@ class Config:
       they take at most this many 32-bit registers per lane (0: never).
     * ``batched_float32_backward_values``: ``backward_values`` for a float32 batched backward
       with per-row weights, apart so that it can move without the conv's and float64's
-      programs. Stop 33's sweep (float32 ``ir_mul``, 4 rows, H200, double backward ms, 128 -> 96):
-      NequIP-LiPS 0.318 -> 0.303-0.307, NequIP-OAM 0.457 -> 0.447, MACE-medium and MACE-large
-      equal (2026-11-25-h200-batched-prefetch.md); ``mul_ir`` not yet measured, so it stays at 128.
+      programs. 96 gives NequIP-LiPS' kernels 120-128 registers x 128 threads, no spill; at
+      128 they were capped at 96 x 96 (three-warp blocks under ``min_warps``) and its
+      second-order kernel spilled. H200, 50,000 rows (double backward 20,000), 96 / 128
+      alternated twice in one process, fwd+bwd / double backward ms: NequIP-LiPS ``ir_mul``
+      0.851-0.854 / 0.306-0.309 against 0.860-0.865 / 0.317-0.322, ``mul_ir`` 0.867-0.870 /
+      0.311 against 0.861-0.865 / 0.307-0.309; NequIP-OAM, MACE-medium and MACE-large within
+      0.01 ms either way (2026-11-26-h200-batched-backward-values.md).
     * ``batched_float32_backward_prefetch``: ``prefetch`` for a float32 batched backward with
       per-row weights (0: each row's operands are loaded where they are used). Without the early
       loads the compiler gives these kernels fewer registers (NequIP-LiPS 168 -> 96 x 96
@@ -112,7 +116,7 @@ class Config:
     forward_channels: int = 2
     batched_forward_registers: int = 96
     backward_values: int = 128
-    batched_float32_backward_values: int = 128
+    batched_float32_backward_values: int = 96
     prefetch: int = 64
     batched_float32_backward_prefetch: int = 0
     min_warps: int = 16
