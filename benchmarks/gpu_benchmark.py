@@ -571,11 +571,22 @@ def write(result, passes, out_dir, stem, final):
     return md, files
 
 
+def _replace_passes(old: dict, new: dict) -> dict:
+    """Row `old` with the passes `new` ran taken from `new`, for every implementation."""
+    ran = {p for cells in new["impls"].values() for p in cells}
+    impls = {i: {p: c for p, c in cells.items() if p not in ran} for i, cells in old["impls"].items()}
+    for i, cells in new["impls"].items():
+        impls[i] = {**impls.get(i, {}), **cells}
+    merged = {k: {**old.get(k, {}), **v} if isinstance(v, dict) else v for k, v in new.items() if k != "impls"}  # bounds, checks
+    return dict(old, **merged, impls={i: c for i, c in impls.items() if c})
+
+
 def merge(files, out_dir, tag):
     """Write the rows of several result files (runs split to fit the device's per-command
     limit, or a later run of some rows) as one table, speedups and geometric means; the first
     file's meta, with the copy bandwidth each run measured. A later file's row replaces an
-    earlier one of the same problem and dtype, in its place."""
+    earlier one of the same problem and dtype, in its place, in the passes it ran: every
+    implementation's cells of those passes (so a pass's speedups compare one run's cells)."""
     results = [json.loads(f.read_text()) for f in files]
     same = ("device", "mode", "batch", "dbl_batch", "repeat", "calls")
     if len({tuple(r["meta"].get(k) for k in same) for r in results}) > 1:
@@ -583,8 +594,9 @@ def merge(files, out_dir, tag):
     meta = dict(results[0]["meta"], merged_from=[f.name for f in files],
                 copy_bandwidths_GBps=[r["meta"]["copy_bandwidth_GBps"] for r in results])  # fmt: skip
     rows = {}
-    for r in results:
-        rows.update({(row["problem"], row["dtype"]): row for row in r["rows"]})
+    for row in (row for r in results for row in r["rows"]):
+        key = (row["problem"], row["dtype"])
+        rows[key] = _replace_passes(rows[key], row) if key in rows else row
     rows = list(rows.values())
     order = list(conv_passes() if meta["mode"] == "conv" else tp_passes())
     passes = [p for p in order if any(p in c for r in rows for c in r["impls"].values())]

@@ -128,6 +128,21 @@ def resources(path: pathlib.Path) -> dict:
     }
 
 
+# A Hopper (sm_90) multiprocessor's limits, for :func:`resident_warps`: registers, warps,
+# blocks, shared memory, and the shared memory the runtime reserves per block.
+SM_REGISTERS, SM_WARPS, SM_BLOCKS, SM_SMEM, BLOCK_SMEM = 65536, 64, 32, 228 * 1024, 1024
+
+
+def resident_warps(path: pathlib.Path, threads: int, smem: int) -> int:
+    """Warps of the kernel in cubin `path` (`threads` per block, `smem` bytes of dynamic shared
+    memory) that one Hopper multiprocessor holds at once; registers are allocated per warp
+    in units of 256."""
+    warps = -(-threads // 32)
+    per_warp = -(-resources(path)["registers"] * 32 // 256) * 256
+    blocks = min(SM_BLOCKS, SM_WARPS // warps, SM_REGISTERS // (per_warp * warps), SM_SMEM // (smem + BLOCK_SMEM))
+    return blocks * warps
+
+
 @functools.cache
 def launcher() -> ctypes.CDLL:
     """The FFI handler library, built once per machine and registered with JAX."""

@@ -3,6 +3,7 @@ sums of its fused double backward (:class:`~.schedule.Sums`)."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import functools
 
@@ -74,21 +75,43 @@ generated: dict[tuple, codegen.Kernel] = {}
 
 
 def kernel(desc, dtype, kind: str, sums: Sums = Sums(), shared: bool = False) -> codegen.Kernel:
-    """The generated kernel (made once per process, with the schedule's current config)."""
+    """The generated kernel (made once per process, with the schedule's current config): of
+    the builds :func:`_configs` lists, the one with the most warps resident per multiprocessor,
+    on a tie the one with the fewest programs (each re-reads its rows), then the first."""
     dtype = np.dtype(dtype)
     if dtype not in DTYPES:
         raise ValueError(f"the cuda backend runs float32 and float64, not {dtype}")
     sums = sums.of_kind(kind.endswith("backward"))
     key = (desc, dtype, kind, sums, bool(shared))
     if key not in generated:
-        # the register cap of Config.min_warps, loosened until the kernel (nearly) stops spilling
-        most = schedule.DEFAULT.min_warps
-        for warps in dict.fromkeys((most, most * 3 // 4, most // 2, 0)):
-            k = codegen.generate(desc, dtype, kind, sums, shared, dataclasses.replace(schedule.DEFAULT, min_warps=warps))
-            if build.resources(build.cubin(k.source))["spill_stores"] <= SPILL_BYTES[dtype]:
-                break
-        generated[key] = k
+        configs = _configs(dtype, kind)
+        with concurrent.futures.ThreadPoolExecutor(len(configs)) as pool:  # nvcc runs beside nvcc
+            builds = list(pool.map(lambda c: _uncapped_enough(desc, dtype, kind, sums, shared, c), configs))
+        resident = lambda k: build.resident_warps(build.cubin(k.source), k.threads, k.smem)  # noqa: E731
+        generated[key] = min(builds, key=lambda k: (-resident(k), len(k.programs)))
     return generated[key]
+
+
+def _configs(dtype, kind: str) -> list[schedule.Config]:
+    """The configs a kernel is built with: a float64 batched forward also (first) with
+    ``Config.batched_float64_forward_registers`` and ``batched_float64_forward_rows``."""
+    config = schedule.DEFAULT
+    if kind != "tp_forward" or dtype != np.float64 or not config.batched_float64_forward_registers:
+        return [config]
+    wide = dataclasses.replace(config, batched_forward_registers=config.batched_float64_forward_registers,
+                               batched_forward_rows=config.batched_float64_forward_rows)  # fmt: skip
+    return [wide, config]
+
+
+def _uncapped_enough(desc, dtype, kind, sums, shared, config) -> codegen.Kernel:
+    """The kernel under the register cap of ``config.min_warps``, loosened until it (nearly)
+    stops spilling."""
+    most = config.min_warps
+    for warps in dict.fromkeys((most, most * 3 // 4, most // 2, 0)):
+        k = codegen.generate(desc, dtype, kind, sums, shared, dataclasses.replace(config, min_warps=warps))
+        if build.resources(build.cubin(k.source))["spill_stores"] <= SPILL_BYTES[dtype]:
+            break
+    return k
 
 
 def clear():

@@ -48,7 +48,17 @@ class Config:
       layouts and dtypes, 50,000 rows, H200): 96 is within 3 % of the best of each but for
       NequIP-LiPS float32 ``mul_ir`` (0.266 vs 0.253 ms at 48); NequIP-benzene float64 wants more
       (``mul_ir`` 2.78 ms at 96, 2.72 at 256), below 96 it loses up to 2.7x
-      (2026-11-25-h200-batched-forward-segments.md).
+      (2026-11-25-h200-batched-forward-segments.md); see the next knob.
+    * ``batched_float64_forward_registers`` / ``batched_float64_forward_rows``: a float64
+      batched forward is built a second time with these registers and rows per block (0
+      registers: not), and :func:`ffi.ops.kernel` keeps the build with more warps resident
+      per multiprocessor, on a tie the one with fewer programs, then this one. No one setting
+      wins (``ir_mul``, 50,000 rows, H200, ms, 256 registers and one row against 96 and two):
+      NequIP-benzene 2.682 against 2.828 (96 registers cut it into three times the programs),
+      NequIP-OAM 0.999 against 0.754 (254 registers x 224 threads, 7 resident warps against
+      16); the rule keeps the faster of the two, or one within 1.2 %, in both layouts of MACE-large,
+      MACE-medium, NequIP-LiPS, NequIP-benzene and NequIP-OAM
+      (2026-11-26-h200-float64-forward-builds.md).
     * ``backward_values``: the values (of either dtype) a backward program holds per edge
       (:func:`backward_programs`; measured on MACE-large, the same programs in float32 and
       float64 beat a budget in registers).
@@ -115,6 +125,8 @@ class Config:
     forward_registers: int = 160
     forward_channels: int = 2
     batched_forward_registers: int = 96
+    batched_float64_forward_registers: int = 256
+    batched_float64_forward_rows: int = 1
     backward_values: int = 128
     batched_float32_backward_values: int = 96
     prefetch: int = 64

@@ -78,3 +78,17 @@ def test_later_run_of_a_row_replaces_it_in_place(tmp_path):
     other = dict(again, meta=dict(again["meta"], batch=1000))
     with pytest.raises(AssertionError, match="differ in one of device, mode, batch"):
         _merge(tmp_path, [first, other], "other")
+
+
+def test_later_run_of_some_passes_replaces_those_passes_of_every_implementation(tmp_path):
+    first = _result([_row("a", "uvu", "float32", {"jequi-default": (1.0, 1.0, 1.0), "cuex": (1.0, 1.0, 1.0), "e3nn": (4.0, 4.0, 4.0)})], 4000)
+    fwd = _row("a", "uvu", "float32", {"jequi-default": (0.5,), "cuex": (2.0,)})
+    merged, md = _merge(tmp_path, [first, _result([dict(fwd, checks={"fwd check": "1e-7"})], 4100)], "fwd")
+    impls = merged["rows"][0]["impls"]
+    assert {i: {p: c["ms"] for p, c in cells.items()} for i, cells in impls.items()} == {
+        "jequi-default": {"fwd": 0.5, "bwd": 1.0, "dbl": 1.0},
+        "cuex": {"fwd": 2.0, "bwd": 1.0, "dbl": 1.0},
+        "e3nn": {"bwd": 4.0, "dbl": 4.0},  # its fwd cell came from the other run: dropped
+    }  # fmt: skip
+    assert merged["rows"][0]["checks"] == {"fwd check": "1e-7"}
+    assert "| a | float32 | default 0.500 / default 1.000 / default 1.000 |" in md

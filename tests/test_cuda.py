@@ -395,7 +395,8 @@ def test_force_training_step_matches(backend):
 def test_rows_per_block():
     """A batched kernel's block takes ``Config.unstaged_float32_forward_rows`` rows in a
     float32 forward that is not staged (``ir_mul``), ``batched_forward_rows`` in the other
-    forwards, ``batched_backward_rows`` in a backward; shared weights and the conv kinds 32."""
+    forwards (a float64 forward's second build ``batched_float64_forward_rows``),
+    ``batched_backward_rows`` in a backward; shared weights and the conv kinds 32."""
     config = schedule.DEFAULT
     ir, mul = (PROBLEMS[n]().descriptor.trilinear for n in ("vec-ir_mul", "vec"))
 
@@ -404,6 +405,8 @@ def test_rows_per_block():
 
     assert chunk(ir, np.float32, "tp_forward") == config.unstaged_float32_forward_rows == 1
     assert chunk(mul, np.float32, "tp_forward") == chunk(ir, np.float64, "tp_forward") == config.batched_forward_rows == 2
+    float64 = dataclasses.replace(config, batched_forward_rows=config.batched_float64_forward_rows)
+    assert codegen.generate(ir, np.float64, "tp_forward", config=float64).chunk == config.batched_float64_forward_rows == 1
     assert chunk(ir, np.float32, "tp_backward") == chunk(mul, np.float64, "tp_backward") == config.batched_backward_rows
     assert chunk(ir, np.float32, "tp_forward", shared=True) == chunk(ir, np.float32, "conv_forward") == schedule.LANES
 
@@ -494,6 +497,61 @@ def test_batched_float32_backward_values():
     assert [k.source for k in small[1:]] == [k.source for k in default[1:]]
     fewer = sources(backward_values=32, batched_float32_backward_values=schedule.DEFAULT.batched_float32_backward_values)
     assert fewer[0].source == default[0].source and all(a.source != b.source for a, b in zip(fewer[1:], default[1:]))
+
+
+def test_resident_warps(monkeypatch, tmp_path):
+    """Warps one Hopper multiprocessor holds: registers rounded up to 8 per lane and limited
+    to 64K, at most 64 warps, 32 blocks and 228 KB of shared memory (1 KB reserved per block)."""
+    report = {}
+    monkeypatch.setattr(build, "resources", lambda path: {"registers": report["registers"]})
+
+    def resident(registers, threads, smem=0):
+        report["registers"] = registers
+        return build.resident_warps(tmp_path, threads, smem)
+
+    assert resident(168, 384) == 12 and resident(168, 128) == 12  # NequIP-benzene's two builds
+    assert resident(254, 224) == 7 and resident(128, 256) == 16  # NequIP-OAM's
+    assert resident(126, 32) == 16 and resident(164, 96) == 12  # 128 and 168 registers allocated
+    assert resident(32, 32) == 32 and resident(16, 1024) == 64  # the block and warp limits
+    assert resident(32, 32, smem=100 * 1024) == 2
+
+
+def test_float64_forward_keeps_the_build_with_more_resident_warps(monkeypatch):
+    """A float64 batched forward is built with ``Config.batched_float64_forward_registers`` and
+    ``batched_float64_forward_rows`` and with the defaults; :func:`ffi.ops.kernel` keeps the
+    one with more resident warps, on a tie fewer programs, then the first. Other kernels (and
+    a 0 knob) build once."""
+    desc = PROBLEMS["vec-ir_mul"]().descriptor.trilinear
+    config = schedule.DEFAULT
+    wide, default = ops._configs(np.dtype(np.float64), "tp_forward")
+    assert (wide.batched_forward_registers, wide.batched_forward_rows) == (
+        config.batched_float64_forward_registers, config.batched_float64_forward_rows)  # fmt: skip
+    assert default == config
+    assert ops._configs(np.dtype(np.float32), "tp_forward") == ops._configs(np.dtype(np.float64), "tp_backward") == [config]
+    monkeypatch.setattr(schedule, "DEFAULT", dataclasses.replace(config, batched_float64_forward_registers=0))
+    assert ops._configs(np.dtype(np.float64), "tp_forward") == [schedule.DEFAULT]
+    monkeypatch.setattr(schedule, "DEFAULT", config)
+
+    rows = {codegen.generate(desc, np.float64, "tp_forward", config=c).source: c.batched_forward_rows for c in (wide, default)}
+    assert len(rows) == 2 and sorted(rows.values()) == sorted({wide.batched_forward_rows, default.batched_forward_rows})
+    warps = {}
+    monkeypatch.setattr(build, "cubin", lambda source, arch=None: source)
+    monkeypatch.setattr(build, "resources", lambda source: {"registers": 64, "spill_stores": 0})
+    monkeypatch.setattr(build, "resident_warps", lambda source, threads, smem: warps[rows[source]])
+
+    def chosen(wide_warps, default_warps):
+        warps.update({wide.batched_forward_rows: wide_warps, default.batched_forward_rows: default_warps})
+        ops.clear()
+        return ops.kernel(desc, np.float64, "tp_forward").chunk
+
+    try:
+        assert chosen(8, 16) == default.batched_forward_rows
+        assert chosen(16, 8) == wide.batched_forward_rows
+        n_wide, n_default = (len(codegen.generate(desc, np.float64, "tp_forward", config=c).programs) for c in (wide, default))
+        tie = wide.batched_forward_rows if n_wide <= n_default else default.batched_forward_rows
+        assert chosen(12, 12) == tie
+    finally:
+        ops.clear()
 
 
 @gpu
