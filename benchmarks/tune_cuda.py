@@ -9,7 +9,9 @@ schedule knobs (GPU run, device tool).
         [--no-conv] [--no-backward] [--conv-dbl]
 
 Knobs: the fields of ``ffi.schedule.Config`` (comma lists are swept),
-``ffi.codegen.SMEM_BUDGET`` and ``ffi.ops.SPILL_BYTES``. Prints, per product and setting,
+``ffi.codegen.SMEM_BUDGET`` and ``ffi.ops.SPILL_BYTES`` (a float64 batched forward is built twice,
+see ``Config.batched_float64_forward_registers``: sweep its ``batched_forward_*`` knobs with that
+one at 0). Prints, per product and setting,
 the conv's fwd and fwd+bwd ms (tune_conv.py's timings), the batched product's with
 ``--tp-batch``, its double backward with ``--dbl-batch`` and the conv's with ``--conv-dbl``
 (``--second composed``: the cuda backends' double backward composed from forward and

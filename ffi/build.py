@@ -80,10 +80,10 @@ def _cached(parts: tuple, suffix: str, make) -> pathlib.Path:
         with tempfile.TemporaryDirectory(dir=CACHE_DIR) as tmp:
             out = pathlib.Path(tmp) / path.name
             make(out)
-            os.replace(out, path)
             log = out.with_suffix(".log")
-            if log.exists():
+            if log.exists():  # before the file, whose existence says both are there
                 os.replace(log, path.with_suffix(".log"))
+            os.replace(out, path)
     return path
 
 
@@ -128,19 +128,22 @@ def resources(path: pathlib.Path) -> dict:
     }
 
 
-# A Hopper (sm_90) multiprocessor's limits, for :func:`resident_warps`: registers, warps,
-# blocks, shared memory, and the shared memory the runtime reserves per block.
-SM_REGISTERS, SM_WARPS, SM_BLOCKS, SM_SMEM, BLOCK_SMEM = 65536, 64, 32, 228 * 1024, 1024
+# A Hopper (sm_90) multiprocessor's limits, for :func:`resident_warps`: registers of each of its
+# four sub-partitions (a warp's registers come from one), warps, blocks, shared memory, and the
+# shared memory the runtime reserves per block.
+SMSP_REGISTERS, SM_WARPS, SM_BLOCKS, SM_SMEM, BLOCK_SMEM = 16384, 64, 32, 228 * 1024, 1024
 
 
 def resident_warps(path: pathlib.Path, threads: int, smem: int) -> int:
     """Warps of the kernel in cubin `path` (`threads` per block, `smem` bytes of dynamic shared
-    memory) that one Hopper multiprocessor holds at once; registers are allocated per warp
-    in units of 256."""
+    memory) that one multiprocessor holds at once, by the CUDA occupancy calculator's rules
+    for Hopper (registers allocated per warp in units of 256, shared memory per block in units
+    of 128 bytes); other GPUs hold fewer warps or less shared memory, so there it is an estimate."""
     warps = -(-threads // 32)
     per_warp = -(-resources(path)["registers"] * 32 // 256) * 256
-    blocks = min(SM_BLOCKS, SM_WARPS // warps, SM_REGISTERS // (per_warp * warps), SM_SMEM // (smem + BLOCK_SMEM))
-    return blocks * warps
+    by_registers = SMSP_REGISTERS // per_warp * 4 // warps
+    by_smem = SM_SMEM // (-(-(smem + BLOCK_SMEM) // 128) * 128)
+    return min(SM_BLOCKS, SM_WARPS // warps, by_registers, by_smem) * warps
 
 
 @functools.cache

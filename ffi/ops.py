@@ -76,8 +76,9 @@ generated: dict[tuple, codegen.Kernel] = {}
 
 def kernel(desc, dtype, kind: str, sums: Sums = Sums(), shared: bool = False) -> codegen.Kernel:
     """The generated kernel (made once per process, with the schedule's current config): of
-    the builds :func:`_configs` lists, the one with the most warps resident per multiprocessor,
-    on a tie the one with the fewest programs (each re-reads its rows), then the first."""
+    the builds :func:`_configs` lists, one that spills no more than ``SPILL_BYTES`` if any
+    does, then the one with the most warps resident per multiprocessor, on a tie the one with
+    the fewest programs (each re-reads its rows), then the first."""
     dtype = np.dtype(dtype)
     if dtype not in DTYPES:
         raise ValueError(f"the cuda backend runs float32 and float64, not {dtype}")
@@ -87,8 +88,12 @@ def kernel(desc, dtype, kind: str, sums: Sums = Sums(), shared: bool = False) ->
         configs = _configs(dtype, kind)
         with concurrent.futures.ThreadPoolExecutor(len(configs)) as pool:  # nvcc runs beside nvcc
             builds = list(pool.map(lambda c: _uncapped_enough(desc, dtype, kind, sums, shared, c), configs))
-        resident = lambda k: build.resident_warps(build.cubin(k.source), k.threads, k.smem)  # noqa: E731
-        generated[key] = min(builds, key=lambda k: (-resident(k), len(k.programs)))
+        def rank(k):
+            path = build.cubin(k.source)
+            spills = build.resources(path)["spill_stores"] > SPILL_BYTES[dtype]
+            return spills, -build.resident_warps(path, k.threads, k.smem), len(k.programs)
+
+        generated[key] = min(builds, key=rank)
     return generated[key]
 
 
