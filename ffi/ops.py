@@ -86,15 +86,20 @@ def kernel(desc, dtype, kind: str, sums: Sums = Sums(), shared: bool = False) ->
     key = (desc, dtype, kind, sums, bool(shared))
     if key not in generated:
         configs = _configs(dtype, kind)
-        with concurrent.futures.ThreadPoolExecutor(len(configs)) as pool:  # nvcc runs beside nvcc
-            builds = list(pool.map(lambda c: _uncapped_enough(desc, dtype, kind, sums, shared, c), configs))
-        def rank(k):
-            path = build.cubin(k.source)
-            spills = build.resources(path)["spill_stores"] > SPILL_BYTES[dtype]
-            return spills, -build.resident_warps(path, k.threads, k.smem), len(k.programs)
-
-        generated[key] = min(builds, key=rank)
+        if len(configs) == 1:
+            generated[key] = _uncapped_enough(desc, dtype, kind, sums, shared, configs[0])
+        else:
+            with concurrent.futures.ThreadPoolExecutor(len(configs)) as pool:  # nvcc runs beside nvcc
+                builds = list(pool.map(lambda c: _uncapped_enough(desc, dtype, kind, sums, shared, c), configs))
+            generated[key] = min(builds, key=lambda k: _rank(k, dtype))
     return generated[key]
+
+
+def _rank(k: codegen.Kernel, dtype) -> tuple:
+    """:func:`kernel`'s order of builds: not spilling, most resident warps, fewest programs."""
+    path = build.cubin(k.source)
+    spills = build.resources(path)["spill_stores"] > SPILL_BYTES[dtype]
+    return spills, -build.resident_warps(path, k.threads, k.smem), len(k.programs)
 
 
 def _configs(dtype, kind: str) -> list[schedule.Config]:

@@ -62,8 +62,6 @@ class Config:
     * ``backward_values``: the values (of either dtype) a backward program holds per edge
       (:func:`backward_programs`; measured on MACE-large, the same programs in float32 and
       float64 beat a budget in registers).
-    * ``prefetch``: load the next edge's (row's) operands before this one's arithmetic where
-      they take at most this many 32-bit registers per lane (0: never).
     * ``batched_float32_backward_values``: ``backward_values`` for a float32 batched backward
       with per-row weights, apart so that it can move without the conv's and float64's
       programs. 96 gives NequIP-LiPS' kernels 120-128 registers x 128 threads, no spill; at
@@ -73,6 +71,8 @@ class Config:
       0.851-0.854 / 0.306-0.309 against 0.860-0.865 / 0.317-0.322, ``mul_ir`` 0.867-0.870 /
       0.311 against 0.861-0.865 / 0.307-0.309; NequIP-OAM, MACE-medium and MACE-large within
       0.01 ms either way (2026-11-26-h200-batched-backward-values.md).
+    * ``prefetch``: load the next edge's (row's) operands before this one's arithmetic where
+      they take at most this many 32-bit registers per lane (0: never).
     * ``batched_float32_backward_prefetch``: ``prefetch`` for a float32 batched backward with
       per-row weights (0: each row's operands are loaded where they are used). Without the early
       loads the compiler gives these kernels fewer registers (NequIP-LiPS 168 -> 96 x 96
