@@ -263,7 +263,8 @@ class _Kernel:
         channels = 1 if one else config.forward_channels if self.conv and not self.backward else config.channels
         if self.backward:
             values = config.batched_float32_backward_values if batched_float32_backward else config.backward_values
-            programs = schedule.backward_programs(desc, self.dtype, values, channels, self.sums)
+            heaviest = config.conv_backward_heaviest_channels if self.conv else 1
+            programs = schedule.backward_programs(desc, self.dtype, values, channels, self.sums, heaviest)
         else:
             regs = config.forward_registers if self.conv else config.batched_forward_registers
             programs = schedule.forward_programs(desc, self.dtype, regs, channels, self.sums, one_segment=not self.conv)

@@ -62,6 +62,17 @@ class Config:
     * ``backward_values``: the values (of either dtype) a backward program holds per edge
       (:func:`backward_programs`; measured on MACE-large, the same programs in float32 and
       float64 beat a budget in registers).
+    * ``conv_backward_heaviest_channels``: channels per lane of the heaviest ``x`` segment in a
+      float32 conv backward (:func:`backward_programs`' `heaviest`; lighter segments take as many
+      more as balance the warps' work, up to ``channels``). At 2, MACE-large's ``2e`` segment runs
+      on two warps of two channels instead of four of one, so its CG coefficients spread ``gy``
+      once per two channels: five warps of 128 registers instead of seven, no spill. H200,
+      ``ir_mul``, fwd+bwd ms, 1 -> 2 alternated twice in one process: carbon 3.181 / 3.179 ->
+      3.060 / 3.055, water 3.173 / 3.170 -> 3.104 / 3.119, the conv double backward (carbon)
+      5.177 -> 4.510; ``cuda-atomic`` carbon 2.743 / 2.757 -> 2.725 / 2.727, water unchanged. The
+      batched backward keeps one: MACE-large's double backward loses 5 % at 2 (``ir_mul`` 0.660 /
+      0.665 -> 0.693 / 0.698 ms), its fwd+bwd and MACE-medium's within 1.5 %
+      (2026-11-26-h200-conv-backward-channels.md).
     * ``batched_float32_backward_values``: ``backward_values`` for a float32 batched backward
       with per-row weights, apart so that it can move without the conv's and float64's
       programs. 96 gives NequIP-LiPS' kernels 120-128 registers x 128 threads, no spill; at
@@ -128,6 +139,7 @@ class Config:
     batched_float64_forward_registers: int = 256
     batched_float64_forward_rows: int = 1
     backward_values: int = 128
+    conv_backward_heaviest_channels: int = 2
     batched_float32_backward_values: int = 96
     prefetch: int = 64
     batched_float32_backward_prefetch: int = 0
@@ -444,17 +456,18 @@ def _held(group: list[Term], s: Segment, channels: int = 1, prefetch: bool = Tru
     return channels * ((len(sums.x_likes) + 1) * s.ir_dim + (2 if prefetch else 1) * operands)
 
 
-def backward_programs(desc, dtype, values: int, channels: int = 1, sums: Sums = BACKWARD) -> list[Program]:
+def backward_programs(desc, dtype, values: int, channels: int = 1, sums: Sums = BACKWARD,
+                      heaviest: int = 1) -> list[Program]:  # fmt: skip
     """Programs of a backward: per group, ``x`` segments binned (each program owns whole
     segments, so its ``gx`` needs no cross-warp sum) so that the values a lane holds per edge
     (:func:`_held`) fit in `values`. Each segment takes as many channels per lane as keep its
-    warps' work near the heaviest segment's on one channel and fit (at most `channels`,
+    warps' work near the heaviest segment's on `heaviest` channels and fit (at most `channels`,
     :func:`lane_channels`; float64 lanes one), with the next edge's
     operands loaded early where they fit too; segments alike in both are binned together."""
     words = np.dtype(dtype).itemsize // 4
     groups = _groups(desc)
     cost = {id(t.x): sum(u.backward_cost for u in g if u.x is t.x) for g in groups.values() for t in g}
-    heaviest = max(cost.values(), default=1)
+    most_cost = max(cost.values(), default=1)
     programs = []
     for mul, group in groups.items():
         # float64 lanes keep one channel: MACE-large's backward took 5.85 ms on two, 5.43 on one (H200)
@@ -468,9 +481,9 @@ def backward_programs(desc, dtype, values: int, channels: int = 1, sums: Sums = 
         size = lambda s, v, pf: _held(group, s, v, pf, sums)  # noqa: E731
         for s in xs:
             # a warp's work per edge is its segments' cost times its channels per lane: lighter
-            # segments take more channels, the heaviest of all groups (the longest warp) takes one
-            fair = 1 << (max(1, round(heaviest / cost[id(s)])).bit_length() - 1)
-            v = min(most, fair)
+            # segments take more channels than the heaviest of all groups (the longest warp)
+            fair = 1 << (max(1, round(most_cost / cost[id(s)])).bit_length() - 1)
+            v = min(most, fair * heaviest)
             choices = [(v >> n, pf) for n in range(v.bit_length()) for pf in (True, False)]
             kind = next((c for c in choices if size(s, *c) <= values), (1, False))
             kinds.setdefault(kind, []).append(s)

@@ -149,6 +149,26 @@ def test_channels_per_lane():
         assert sum(schedule._held(list(p.terms), s, p.channels, p.prefetch) for s in p.x_segments) <= 128
 
 
+def test_conv_backward_heaviest_segment_channels():
+    """A float32 conv backward gives its heaviest ``x`` segment
+    ``Config.conv_backward_heaviest_channels`` channels per lane (lighter segments as many more
+    as balance the warps' work, up to ``Config.channels``); the batched backward keeps one,
+    float64 lanes one."""
+    desc = jequi.problems.get("mace-large", layout="ir_mul").descriptor.trilinear
+    heaviest = max((t.x for t in schedule.terms(desc)), key=lambda s: s.ir_dim)
+    channels = lambda kind, dtype=np.float32, **knobs: {  # noqa: E731
+        s.ir_dim: p.channels
+        for p in codegen.generate(desc, dtype, kind, config=dataclasses.replace(schedule.DEFAULT, **knobs)).programs
+        for s in p.x_segments
+    }
+    assert schedule.DEFAULT.conv_backward_heaviest_channels == 2
+    for kind in ("conv_backward", "conv_atomic_backward"):
+        assert channels(kind) == {1: 4, 3: 2, heaviest.ir_dim: 2}
+        assert channels(kind, conv_backward_heaviest_channels=1) == {1: 4, 3: 2, heaviest.ir_dim: 1}
+        assert set(channels(kind, np.float64).values()) == {1}
+    assert channels("tp_backward")[heaviest.ir_dim] == 1
+
+
 def test_lane_channels_share_the_gy_coefficients():
     """A lane sums its channels' ``x * w * gz`` products per ``(i, k)`` before the CG
     coefficients spread them into gy: one multiply-add per coefficient and lane, whatever its
