@@ -62,11 +62,14 @@ class Config:
     * ``backward_values``: the values (of either dtype) a backward program holds per edge
       (:func:`backward_programs`; measured on MACE-large, the same programs in float32 and
       float64 beat a budget in registers).
-    * ``conv_backward_heaviest_channels``: channels per lane of the heaviest ``x`` segment in a
-      float32 conv backward (:func:`backward_programs`' `heaviest`; lighter segments take as many
-      more as balance the warps' work, up to ``channels``). At 2, MACE-large's ``2e`` segment runs
-      on two warps of two channels instead of four of one, so its CG coefficients spread ``gy``
-      once per two channels: five warps of 128 registers instead of seven, no spill. H200,
+    * ``conv_backward_heaviest_channels``: channels per lane (a power of two) of the heaviest
+      ``x`` segment in a float32 conv backward (:func:`backward_programs`' `heaviest`; lighter
+      segments take proportionally more, within :func:`lane_channels`, the value budget and a
+      double backward's two). At 2, MACE-large's ``2e`` segment runs on two warps of two channels
+      instead of four of one (and without the register prefetch of the next edge's operands),
+      so its CG coefficients spread ``gy`` once per two channels: five warps of 128 registers
+      instead of seven, no spill (MACE-medium's conv backward moves too, its ``1o`` from one
+      channel to two; not measured as a conv). H200,
       ``ir_mul``, fwd+bwd ms, 1 -> 2 alternated twice in one process: carbon 3.181 / 3.179 ->
       3.060 / 3.055, water 3.173 / 3.170 -> 3.104 / 3.119, the conv double backward (carbon)
       5.177 -> 4.510; ``cuda-atomic`` carbon 2.743 / 2.757 -> 2.725 / 2.727, water unchanged. The
@@ -464,6 +467,8 @@ def backward_programs(desc, dtype, values: int, channels: int = 1, sums: Sums = 
     warps' work near the heaviest segment's on `heaviest` channels and fit (at most `channels`,
     :func:`lane_channels`; float64 lanes one), with the next edge's
     operands loaded early where they fit too; segments alike in both are binned together."""
+    if heaviest < 1 or heaviest & (heaviest - 1):
+        raise ValueError(f"the heaviest segment's channels per lane must be a power of two, not {heaviest}")
     words = np.dtype(dtype).itemsize // 4
     groups = _groups(desc)
     cost = {id(t.x): sum(u.backward_cost for u in g if u.x is t.x) for g in groups.values() for t in g}
@@ -480,8 +485,9 @@ def backward_programs(desc, dtype, values: int, channels: int = 1, sums: Sums = 
         kinds: dict[tuple[int, bool], list[Segment]] = {}
         size = lambda s, v, pf: _held(group, s, v, pf, sums)  # noqa: E731
         for s in xs:
-            # a warp's work per edge is its segments' cost times its channels per lane: lighter
-            # segments take more channels than the heaviest of all groups (the longest warp)
+            # a warp's work per edge is its segments' cost times its channels per lane: the
+            # heaviest segment of all groups (the longest warp) takes `heaviest` channels, lighter
+            # ones proportionally more (within most and the value budget)
             fair = 1 << (max(1, round(most_cost / cost[id(s)])).bit_length() - 1)
             v = min(most, fair * heaviest)
             choices = [(v >> n, pf) for n in range(v.bit_length()) for pf in (True, False)]

@@ -167,6 +167,13 @@ def test_conv_backward_heaviest_segment_channels():
         assert channels(kind, conv_backward_heaviest_channels=1) == {1: 4, 3: 2, heaviest.ir_dim: 1}
         assert set(channels(kind, np.float64).values()) == {1}
     assert channels("tp_backward")[heaviest.ir_dim] == 1
+    # lighter segments scale with it (where the value budget allows): 1o takes twice its one-
+    # channel share, not just as many as the heaviest
+    share = lambda h: {s.ir_dim: p.channels for p in schedule.backward_programs(desc, np.float32, 1000, 4, heaviest=h) for s in p.x_segments}  # noqa: E731
+    assert share(1) == {1: 4, 3: 2, 5: 1} and share(2) == {1: 4, 3: 4, 5: 2}
+    for bad in (0, 3):
+        with pytest.raises(ValueError, match="power of two"):
+            schedule.backward_programs(desc, np.float32, 128, 4, heaviest=bad)
 
 
 def test_lane_channels_share_the_gy_coefficients():
