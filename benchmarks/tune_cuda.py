@@ -21,10 +21,13 @@ backward calls instead of their fused kernels), and the registers of each genera
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import dataclasses
 import itertools
+import os
 
 import jax
+import numpy as np
 import structures
 from tune_conv import time_both, time_dbl
 
@@ -46,6 +49,22 @@ def registers(desc, dtype) -> str:
     return ", ".join(out)
 
 
+def precompile(a):
+    """Build the conv kernels of every swept schedule setting into the disk cache at once (the
+    timed sweep then finds them there; one nvcc per core)."""
+    kinds = ["conv_forward"] + [f"conv_{'atomic_' if b == 'cuda-atomic' else ''}backward" for b in a.backends.split(",") if b in CUDA and a.backward]
+    jobs = []
+    for name, layout in itertools.product(a.problems.split(","), a.layouts.split(",")):
+        desc = jequi.problems.get(name, layout=layout).descriptor.trilinear
+        for values in itertools.product(*(getattr(a, k).split(",") for k in KNOBS)):
+            config = dataclasses.replace(schedule.DEFAULT, **{k: int(v) for k, v in zip(KNOBS, values)})
+            jobs += [(desc, kind, config) for kind in kinds]
+    sums = lambda kind: schedule.Sums().of_kind(kind.endswith("backward"))  # noqa: E731
+    with concurrent.futures.ThreadPoolExecutor(os.cpu_count()) as pool:
+        list(pool.map(lambda j: ops._code_fitting(j[0], np.dtype(a.dtype), j[1], sums(j[1]), False, j[2]), jobs))
+    print(f"precompiled {len(jobs)} kernels", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--problems", default="mace-large")
@@ -60,6 +79,7 @@ def main():
     ap.add_argument("--backward", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--smem-budget", default=str(codegen.SMEM_BUDGET))
     ap.add_argument("--spill-bytes", default="rule", help="comma list: rule (ffi.ops.SPILL_BYTES per dtype) or bytes for every dtype")
+    ap.add_argument("--precompile", action="store_true", help="first build every setting's conv kernels, nvcc beside nvcc")
     ap.add_argument("--second", default="fused", help="comma list: fused, composed (the cuda double backward)")
     for k in KNOBS:
         ap.add_argument("--" + k.replace("_", "-"), default=str(int(getattr(schedule.DEFAULT, k))))  # booleans as 0 / 1
@@ -69,6 +89,8 @@ def main():
         jax.config.update("jax_enable_x64", True)
     atoms, _, graph = structures.radius_graph(a.graph)
     print(f"{a.graph}: {len(atoms)} atoms, {graph.num_edges} edges", flush=True)
+    if a.precompile:
+        precompile(a)
     for name, layout in itertools.product(a.problems.split(","), a.layouts.split(",")):
         tp = jequi.problems.get(name, layout=layout)
         d1, d2, do = tp.descriptor.dims

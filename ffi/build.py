@@ -19,6 +19,7 @@ import os
 import pathlib
 import re
 import shutil
+import struct
 import subprocess
 import tempfile
 
@@ -126,6 +127,17 @@ def resources(path: pathlib.Path) -> dict:
         "spill_loads": found(r"(\d+) bytes spill loads"),
         "stack": found(r"(\d+) bytes stack frame"),
     }
+
+
+def code_bytes(path: pathlib.Path) -> int:
+    """Bytes of machine code in cubin `path`: the sizes of its ELF ``.text.*`` sections."""
+    data = path.read_bytes()
+    (table,) = struct.unpack_from("<Q", data, 0x28)  # ELF64 little-endian: e_shoff
+    size, count, names = struct.unpack_from("<HHH", data, 0x3A)  # e_shentsize, e_shnum, e_shstrndx
+    sections = [struct.unpack_from("<IIQQQQ", data, table + i * size) for i in range(count)]
+    at = sections[names][4]  # sh_offset of the section-name table
+    name = lambda s: data[at + s[0] : data.index(b"\0", at + s[0])]  # noqa: E731
+    return sum(s[5] for s in sections if name(s).startswith(b".text."))
 
 
 # A Hopper (sm_90) multiprocessor's limits, for :func:`resident_warps`: registers of each of its

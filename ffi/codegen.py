@@ -32,10 +32,12 @@ components are strided). Data used once streams past the caches (but a batched b
 rows, read through L1: measured faster); the gathered rows keep L2. ``gy`` (a sum over
 channels) is reduced within a warp by a butterfly that halves the values each step, and
 across warps in a fixed order: every kernel is
-deterministic. A product with many programs spreads them over several blocks per node
-(``blockIdx.x = node * groups + group``; a float64 batched backward runs one program per
-block, program-major, ``Config.split_float64_backward``; the groups' ``gy`` partials are
-summed by the caller). Batches from ``jax.vmap`` arrive as grid rows ``blockIdx.y``.
+deterministic. A product with many programs spreads them over several blocks per node,
+its groups (``Config.block_warps``; a conv kernel's until their code fits the instruction
+caches, ``Config.conv_code_bytes``), run node by node (``blockIdx.x = node * groups + group``:
+a float64 conv forward's) or group-major (``blockIdx.x = group * nodes + node``: the other
+conv kernels', and a float64 batched backward's, one program per block,
+``Config.split_float64_backward``); the groups' ``gy`` partials are summed by the caller. Batches from ``jax.vmap`` arrive as grid rows ``blockIdx.y``.
 """
 
 from __future__ import annotations
@@ -77,6 +79,7 @@ class Kernel:
     smem: int
     chunk: int  # edges (rows) per chunk; a batched kernel's block owns one chunk of rows
     groups: int  # blocks per node (row chunk), see the module docstring for their order
+    group_major: bool  # all nodes' blocks of a group run before the next group's (else node by node)
     programs: tuple[Program, ...]
     arrays: tuple[int, ...]  # the operand positions it takes, in parameter order (Sums.arrays)
 
@@ -272,6 +275,9 @@ class _Kernel:
         self.groups = [_Group(ps, self.vector, self.backward and self.needs_gy, len(self.tables))
                        for ps in schedule.block_groups(programs, 1 if self.split else config.block_warps)]  # fmt: skip
         self.warps = max(g.warps for g in self.groups)
+        # a conv kernel's groups run group-major but a float64 forward's (Config.conv_code_bytes)
+        node_major = not self.backward and self.dtype == np.float64 and config.node_major_float64_conv_forward
+        self.group_major = self.split or (self.conv and len(self.groups) > 1 and not node_major)
         # per warp, one segment's values of its 32 channels (the widest segment's)
         self.stage = LANES * max(s.ir_dim for p in programs for s in (*p.x_segments, *p.out_segments)) if self.staged else 0
         size = lambda chunk: self.warps * self.stage * self.dtype.itemsize + max(g.smem(chunk, self.dtype.itemsize) for g in self.groups)  # noqa: E731
@@ -656,7 +662,7 @@ class _Kernel:
         with w.block(f'extern "C" __global__ void __launch_bounds__({bounds}) jequi_{self.kind}({", ".join(self.params())})'):
             w("extern __shared__ __align__(16) unsigned char smem[];")
             w("const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;", "const long long b = blockIdx.y;")
-            if self.split:
+            if self.group_major:
                 w("const int nodes = gridDim.x / G;", "const int group = blockIdx.x / nodes, node = blockIdx.x % nodes;")
             else:
                 w("const int group = blockIdx.x % G, node = blockIdx.x / G;")
@@ -910,4 +916,4 @@ def generate(desc, dtype, kind: str, sums: Sums = Sums(), shared: bool = False,
     if k.warps * LANES > MAX_THREADS:
         raise ValueError(f"{desc!r} needs {k.warps} warps per block in the CUDA kernels (at most {MAX_THREADS // LANES})")
     programs = tuple(p for g in k.groups for p in g.programs)
-    return Kernel(kind, k.source(), k.warps * LANES, k.smem, k.chunk, len(k.groups), programs, k.sums.arrays)
+    return Kernel(kind, k.source(), k.warps * LANES, k.smem, k.chunk, len(k.groups), k.group_major, programs, k.sums.arrays)

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import build, codegen, schedule
-from .schedule import BACKWARD, FORWARD, Sums
+from .schedule import BACKWARD, FORWARD, LANES, Sums
 
 DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 # Spill stores (bytes per thread), by dtype, a kernel under the register cap of
@@ -24,6 +24,8 @@ DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 # within 3 % either way.
 SPILL_BYTES = {np.dtype(np.float32): 64, np.dtype(np.float64): 0}
 BACKWARD_PAIRS = BACKWARD.pairs
+# Warps per block a conv kernel is rebuilt with, in turn, until its code fits (_code_fitting).
+BLOCK_WARPS = (8, 6, 4, 3, 2, 1)
 
 
 def available() -> bool:
@@ -86,7 +88,9 @@ def kernel(desc, dtype, kind: str, sums: Sums = Sums(), shared: bool = False) ->
     key = (desc, dtype, kind, sums, bool(shared))
     if key not in generated:
         configs = _configs(dtype, kind)
-        if len(configs) == 1:
+        if kind.startswith("conv"):
+            generated[key] = _code_fitting(desc, dtype, kind, sums, shared, configs[0])
+        elif len(configs) == 1:
             generated[key] = _uncapped_enough(desc, dtype, kind, sums, shared, configs[0])
         else:
             with concurrent.futures.ThreadPoolExecutor(len(configs)) as pool:  # nvcc runs beside nvcc
@@ -120,6 +124,23 @@ def _uncapped_enough(desc, dtype, kind, sums, shared, config) -> codegen.Kernel:
     for warps in dict.fromkeys((most, most * 3 // 4, most // 2, 0)):
         k = codegen.generate(desc, dtype, kind, sums, shared, dataclasses.replace(config, min_warps=warps))
         if build.resources(build.cubin(k.source))["spill_stores"] <= SPILL_BYTES[dtype]:
+            break
+    return k
+
+
+def _code_fitting(desc, dtype, kind, sums, shared, config) -> codegen.Kernel:
+    """A conv kernel whose code fits ``config.conv_code_bytes`` where two multiprocessors run
+    it: built with ``config.block_warps`` warps per block, then fewer (:data:`BLOCK_WARPS`),
+    until the code of the groups two multiprocessors run at once does (or each program has its
+    own blocks).
+    Group-major, they run one group's; node by node, as many groups as they hold blocks."""
+    for warps in [config.block_warps, *(n for n in BLOCK_WARPS if n < config.block_warps)]:
+        config = dataclasses.replace(config, block_warps=warps)
+        k = _uncapped_enough(desc, dtype, kind, sums, shared, config)
+        path = build.cubin(k.source)
+        blocks = build.resident_warps(path, k.threads, k.smem) * LANES // k.threads
+        running = 1 if k.group_major else min(k.groups, 2 * blocks)
+        if not config.conv_code_bytes or build.code_bytes(path) * running <= config.conv_code_bytes * k.groups:
             break
     return k
 

@@ -304,7 +304,12 @@ CONV_CASES = [(name, "cuda") for name in PROBLEMS] + [(name, "cuda-atomic") for 
 @pytest.mark.parametrize("shared", [False, True])
 @pytest.mark.parametrize("name, backend", CONV_CASES)
 def test_conv_values_and_gradients(name, backend, shared, dtype):
-    tp = PROBLEMS[name]()
+    _check_conv(PROBLEMS[name](), backend, shared, dtype)
+
+
+def _check_conv(tp, backend, shared, dtype):
+    """The conv of `tp` on `backend` against ``xla``: values and first derivatives, on a graph
+    with dropped edges and a hub."""
     rng = np.random.default_rng(3)
     n, e = 150, 2500
     x, y, w, s, r = _graph(rng, tp, n, e, dtype, shared)
@@ -324,7 +329,11 @@ def test_conv_values_and_gradients(name, backend, shared, dtype):
 @pytest.mark.parametrize("backend", ["cuda", "cuda-atomic"])
 @pytest.mark.parametrize("name", ["uvu", "mace-large"] if ON_GPU else [])
 def test_second_and_third_order(name, backend):
-    tp = PROBLEMS[name]()
+    _check_higher_orders(PROBLEMS[name](), backend)
+
+
+def _check_higher_orders(tp, backend):
+    """The conv's second and third derivatives on `backend` against ``xla`` (float64)."""
     rng = np.random.default_rng(4)
     n, e = 60, 700
     x, y, w, s, r = _graph(rng, tp, n, e, np.float64)
@@ -338,6 +347,58 @@ def test_second_and_third_order(name, backend):
 
     for a, b in zip(derivatives(backend), derivatives("xla")):
         assert_close(a, b, 1e-10)
+
+
+@gpu
+@pytest.mark.parametrize("backend", ["cuda", "cuda-atomic"])
+def test_conv_kernels_split_into_groups(backend, monkeypatch):
+    """Conv kernels split into several blocks per node (a small ``Config.conv_code_bytes``),
+    group-major and (the float64 forward) node by node, against the reference in every
+    derivative order."""
+    monkeypatch.setattr(schedule, "DEFAULT", dataclasses.replace(schedule.DEFAULT, conv_code_bytes=16 * 1024))
+    monkeypatch.setattr(ops, "generated", {})
+    jequi.tensor_product._conv_op.cache_clear()
+    jax.clear_caches()
+    tp = PROBLEMS["vec-ir_mul"]()
+    try:
+        for dtype in (np.float32, np.float64):
+            _check_conv(tp, backend, False, dtype)
+        _check_higher_orders(tp, backend)
+        split = {(dtype, k.kind, k.group_major) for (_, dtype, *_), k in ops.generated.items() if k.groups > 1}
+        assert {(np.dtype(np.float64), "conv_forward", False), (np.dtype(np.float32), "conv_forward", True)} <= split
+        backward = "conv_atomic_backward" if backend == "cuda-atomic" else "conv_backward"
+        assert {(np.dtype(np.float64), backward, True), (np.dtype(np.float32), backward, True)} <= split
+    finally:
+        jequi.tensor_product._conv_op.cache_clear()
+        jax.clear_caches()
+
+
+@pytest.mark.skipif(build.toolchain_missing() is not None, reason=str(build.toolchain_missing()))
+def test_conv_kernels_fit_the_code_budget(monkeypatch):
+    """:func:`ffi.ops.kernel` rebuilds a conv kernel with fewer warps per block until the code
+    of the groups two multiprocessors run at once fits ``Config.conv_code_bytes`` (or each
+    program has its own blocks): one group's where they run group-major, one per resident
+    block (up to all) where a float64 forward runs node by node; without a budget the blocks
+    keep ``block_warps``."""
+    desc = PROBLEMS["vec-ir_mul"]().descriptor.trilinear
+    budget = 16 * 1024
+    monkeypatch.setattr(schedule, "DEFAULT", dataclasses.replace(schedule.DEFAULT, conv_code_bytes=budget))
+    monkeypatch.setattr(ops, "generated", {})
+    for dtype in (np.float32, np.float64):
+        for kind in ("conv_forward", "conv_backward", "conv_atomic_backward"):
+            k = ops.kernel(desc, dtype, kind)
+            path = build.cubin(k.source)
+            code = build.code_bytes(path)
+            assert 0 < code < path.stat().st_size and code % 16 == 0  # 16-byte instructions
+            node_major = kind == "conv_forward" and dtype == np.float64
+            assert k.groups > 1 and k.group_major != node_major and ("blockIdx.x / nodes" in k.source) == k.group_major
+            blocks = build.resident_warps(path, k.threads, k.smem) * schedule.LANES // k.threads
+            running = min(k.groups, 2 * blocks) if node_major else 1
+            assert code * running <= budget * k.groups or k.groups == len(k.programs), (kind, dtype)  # or one program a block
+    monkeypatch.setattr(schedule, "DEFAULT", dataclasses.replace(schedule.DEFAULT, conv_code_bytes=0))
+    ops.clear()
+    whole = ops.kernel(desc, np.float32, "conv_backward")
+    assert whole.groups == 1 and not whole.group_major and whole.threads == schedule.LANES * sum(p.warps for p in whole.programs)
 
 
 def test_second_order_sums_name_their_operands():
