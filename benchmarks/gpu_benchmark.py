@@ -356,7 +356,13 @@ def conv_checks(impls, chosen, args_of, dtype):
     if dtype == "float32" and plain and "jequi-xla" in impls:
         x, y, w, s, r, graph, _ = args_of(plain[0])
         hi = [a.astype(jnp.float64) for a in (x, y, w)]
-        exact = np.asarray(jax.jit(lambda x, y, w: impls["jequi-xla"]()[0][1](x, y, w, s, r, graph))(*hi))
+        try:  # the reference holds |E| x out.dim float64 values (NequIP-benzene on carbon: 43 GB)
+            exact = np.asarray(jax.jit(lambda x, y, w: impls["jequi-xla"]()[0][1](x, y, w, s, r, graph))(*hi))
+        except jax.errors.JaxRuntimeError as exc:
+            if "RESOURCE_EXHAUSTED" not in str(exc):
+                raise
+            checks["fwd vs float64"] = "n/a: the float64 xla reference ran out of GPU memory"
+            return checks
         for name in plain:
             got = np.asarray(jax.jit(impls[name]()[0][1])(x, y, w, s, r, graph), np.float64)
             err = np.abs(got - exact).max() / np.abs(exact).max()

@@ -103,37 +103,8 @@ class Config:
       ahead (0: never); ``backward_l2_prefetch`` the same for the conv backward (1: carbon
       f32 fwd+bwd 3.266-3.284 ms, 2: 3.313-3.336, 4: 3.334-3.348; f64 6.47 / 6.50 / 6.64; H200).
     * ``block_warps``: warps per block; more programs are spread over several blocks per
-      node (:func:`block_groups`).
-    * ``conv_code_bytes``: the machine code a conv kernel may keep running on two neighbouring
-      multiprocessors. A product as wide as NequIP-benzene unrolls into more code than the
-      instruction caches hold (its float32 conv forward: 218 KB in one block; Nsight Compute:
-      15.3 cycles per issued instruction stalled on instruction fetch, 10 % of issue slots
-      busy), so :func:`ffi.ops.kernel` builds a conv kernel with ``block_warps`` and then
-      fewer warps per block (8, 6, 4, 3, 2, 1) until the code of the groups two multiprocessors
-      run at once fits (0: never split for it). Its groups run group-major (all nodes' blocks of
-      a group before the next group's: one group's code at a time), so that is one group's
-      code; node by node (``node_major_float64_conv_forward``), one group per block two
-      multiprocessors hold, up to all of them. The budget fits every measurement below, as if
-      each pair of multiprocessors had 128 KB of instruction cache:
-      NequIP-benzene on the carbon lattice, ``ir_mul``, H100, ms:
-
-      | kernel | groups x code, order: ms |
-      |---|---|
-      | float32 fwd | 1 x 218 KB: 10.74; 2 x 67 group-major: **3.71** (82 % of DRAM throughput, 2.6 cycles stalled on fetch), node by node (2 blocks per multiprocessor): 9.51; 3 x 41: 4.68 |
-      | float32 bwd (fwd+bwd less fwd) | 1 x 320 KB: 20.5; 2 x 103: **9.3**; 3 x 63: 8.9 |
-      | float64 fwd | 2 x 214 KB: 29.2 (group-major 10.6); 3 x 98 node by node (1 block): 11.1; 4 x 59 node by node: **6.25** (group-major 13.07) |
-      | float64 bwd | 2 x 157 KB: 24.5; 3 x 85: **22.5** (node by node 32.9); 4 x 57: 21.7 |
-
-      NequIP-OAM's float64 kernels (100 and 121 KB in one block) stay whole: in two groups of
-      3 and 5 warps their fwd / fwd+bwd took 2.00 / 8.19 ms against 1.13 / 5.76; MACE-large's
-      conv kernels (at most 63 KB) too: in two groups its float32 fwd+bwd took 3.94 against
-      3.58 (2026-11-26-h100-conv-code-budget.md).
-    * ``node_major_float64_conv_forward``: a float64 conv forward of several groups runs them
-      node by node (a node's blocks side by side). NequIP-benzene, 4 groups: 6.25 ms against
-      13.07 group-major (twice each), though no two of its groups share a multiprocessor
-      either way (244 registers x 160 threads, one block each); a guess at why: its 9.5 GB of
-      per-edge weights, each row read in one pass instead of four. In float32 the forward runs
-      group-major (2 groups: 3.71 against 9.51 node by node).
+      node (:func:`block_groups`); a conv kernel's blocks may take fewer
+      (``conv_code_bytes``).
     * ``channels``: the most channels a lane computes (a power of two; at most 16 bytes of
       them, one vector load or store per component). Each lane of a program takes
       :func:`lane_channels` of them: the shared-memory reads of ``A``, the loads, stores and
@@ -164,6 +135,37 @@ class Config:
       one row loses up to 11 % staged (NequIP-OAM ``mul_ir`` 0.399 -> 0.445) and 28 % in
       float64 (NequIP-OAM ``ir_mul`` 0.761 -> 0.974, 176 registers against 128)
       (2026-11-25-h200-forward-rows.md).
+    * ``conv_code_bytes``: the machine code a conv kernel may keep running on two neighbouring
+      multiprocessors. A product as wide as NequIP-benzene unrolls into more code than the
+      instruction caches hold (its float32 conv forward: 218 KB in one block; Nsight Compute:
+      15.3 cycles per issued instruction stalled on instruction fetch, 10 % of issue slots
+      busy), so :func:`ffi.ops.kernel` builds a conv kernel with ``block_warps`` and then
+      fewer warps per block (8, 6, 4, 3, 2, 1) until the code of the groups two multiprocessors
+      run at once fits (0: never split for it). Its groups run group-major (all nodes' blocks of
+      a group before the next group's: one group's code at a time), so that is one group's
+      code; node by node (``node_major_float64_conv_forward``), one group per block two
+      multiprocessors hold, up to all of them. The budget fits every measurement below, as if
+      each pair of multiprocessors had 128 KB of instruction cache:
+      NequIP-benzene on the carbon lattice, ``ir_mul``, H100, ms:
+
+      | kernel | groups x code, order: ms |
+      |---|---|
+      | float32 fwd | 1 x 218 KB: 10.74; 2 x 67 group-major: **3.71** (82 % of DRAM throughput, 2.6 cycles stalled on fetch), node by node (2 blocks per multiprocessor): 9.51; 3 x 41: 4.68 |
+      | float32 bwd (fwd+bwd less fwd) | 1 x 320 KB: 20.5; 2 x 103: **9.3**; 3 x 63: 8.9 |
+      | float64 fwd | 2 x 214 KB: 29.2 (group-major 10.6); 3 x 98 node by node (1 block): 11.1; 4 x 59 node by node: **6.25** (group-major 13.07) |
+      | float64 bwd | 2 x 157 KB: 24.5 (node by node 39.3); 3 x 85: **22.5** (node by node 32.8); 4 x 57: 21.7 |
+
+      NequIP-OAM's float64 kernels (100 and 121 KB in one block) stay whole: in two groups of
+      3 and 5 warps their fwd / fwd+bwd took 2.00 / 8.19 ms against 1.13 / 5.76 (so not 80 KB,
+      though it took benzene's backwards 3 % lower); MACE-large's conv kernels (at most 63 KB)
+      too: in two groups its float32 fwd+bwd took 3.94 against 3.58
+      (2026-11-26-h100-conv-code-budget.md).
+    * ``node_major_float64_conv_forward``: a float64 conv forward of several groups runs them
+      node by node (a node's blocks side by side). NequIP-benzene, 4 groups: 6.25 ms against
+      13.07 group-major (twice each), though no two of its groups share a multiprocessor
+      either way (244 registers x 160 threads, one block each); a guess at why: its 9.5 GB of
+      per-edge weights, each row read in one pass instead of four. In float32 the forward runs
+      group-major (2 groups: 3.71 against 9.51 node by node).
     """
 
     forward_registers: int = 160
@@ -181,10 +183,10 @@ class Config:
     backward_l2_prefetch: int = 1
     block_warps: int = 12
     channels: int = 4
+    split_float64_backward: bool = True
     batched_forward_rows: int = 2
     batched_backward_rows: int = 4
     unstaged_float32_forward_rows: int = 1
-    split_float64_backward: bool = True
     conv_code_bytes: int = 128 * 1024
     node_major_float64_conv_forward: bool = True
 
