@@ -37,7 +37,8 @@ its groups (``Config.block_warps``; a conv kernel's until their code fits the in
 caches, ``Config.conv_code_bytes``), run node by node (``blockIdx.x = node * groups + group``:
 a float64 conv forward's) or group-major (``blockIdx.x = group * nodes + node``: the other
 conv kernels', and a float64 batched backward's, one program per block,
-``Config.split_float64_backward``); the groups' ``gy`` partials are summed by the caller. Batches from ``jax.vmap`` arrive as grid rows ``blockIdx.y``.
+``Config.split_float64_backward``); the groups' ``gy`` partials are summed by the caller.
+Batches from ``jax.vmap`` arrive as grid rows ``blockIdx.y``.
 """
 
 from __future__ import annotations

@@ -80,7 +80,8 @@ def kernel(desc, dtype, kind: str, sums: Sums = Sums(), shared: bool = False) ->
     """The generated kernel (made once per process, with the schedule's current config): of
     the builds :func:`_configs` lists, one that spills no more than ``SPILL_BYTES`` if any
     does, then the one with the most warps resident per multiprocessor, on a tie the one with
-    the fewest programs (each re-reads its rows), then the first."""
+    the fewest programs (each re-reads its rows), then the first; a conv kernel with its
+    blocks cut until its code fits (:func:`_code_fitting`)."""
     dtype = np.dtype(dtype)
     if dtype not in DTYPES:
         raise ValueError(f"the cuda backend runs float32 and float64, not {dtype}")
@@ -129,11 +130,10 @@ def _uncapped_enough(desc, dtype, kind, sums, shared, config) -> codegen.Kernel:
 
 
 def _code_fitting(desc, dtype, kind, sums, shared, config) -> codegen.Kernel:
-    """A conv kernel whose code fits ``config.conv_code_bytes`` where two multiprocessors run
-    it: built with ``config.block_warps`` warps per block, then fewer (:data:`BLOCK_WARPS`),
-    until the code of the groups two multiprocessors run at once does (or each program has its
-    own blocks).
-    Group-major, they run one group's; node by node, as many groups as they hold blocks."""
+    """A conv kernel built with ``config.block_warps`` warps per block, then fewer
+    (:data:`BLOCK_WARPS`), until the code of the groups two neighbouring multiprocessors run at
+    once fits ``config.conv_code_bytes`` (or each program has its own blocks): one group's
+    where its groups run group-major, one per block the two hold (up to all) node by node."""
     for warps in [config.block_warps, *(n for n in BLOCK_WARPS if n < config.block_warps)]:
         config = dataclasses.replace(config, block_warps=warps)
         k = _uncapped_enough(desc, dtype, kind, sums, shared, config)
