@@ -50,8 +50,9 @@ def registers(desc, dtype) -> str:
 
 
 def precompile(a):
-    """Build the conv kernels of every swept schedule setting into the disk cache at once (the
-    timed sweep then finds them there; one nvcc per core)."""
+    """Build the conv forward and backward kernels of every swept schedule setting into the
+    disk cache at once, one nvcc per core (the timed sweep then finds them there); at the
+    default ``SMEM_BUDGET`` and spill rule, per-edge weights, no double backward's kernels."""
     kinds = ["conv_forward"] + [f"conv_{'atomic_' if b == 'cuda-atomic' else ''}backward" for b in a.backends.split(",") if b in CUDA and a.backward]
     jobs = []
     for name, layout in itertools.product(a.problems.split(","), a.layouts.split(",")):

@@ -130,14 +130,14 @@ def resources(path: pathlib.Path) -> dict:
 
 
 def code_bytes(path: pathlib.Path) -> int:
-    """Bytes of machine code in cubin `path`: the sizes of its ELF ``.text.*`` sections."""
+    """Bytes of machine code in cubin `path`: the sizes of its executable ELF sections."""
     data = path.read_bytes()
-    (table,) = struct.unpack_from("<Q", data, 0x28)  # ELF64 little-endian: e_shoff
-    size, count, names = struct.unpack_from("<HHH", data, 0x3A)  # e_shentsize, e_shnum, e_shstrndx
+    if data[:6] != b"\x7fELF\x02\x01":
+        raise ValueError(f"{path} is not a little-endian ELF64 cubin")
+    (table,) = struct.unpack_from("<Q", data, 0x28)  # e_shoff
+    size, count = struct.unpack_from("<HH", data, 0x3A)  # e_shentsize, e_shnum
     sections = [struct.unpack_from("<IIQQQQ", data, table + i * size) for i in range(count)]
-    at = sections[names][4]  # sh_offset of the section-name table
-    name = lambda s: data[at + s[0] : data.index(b"\0", at + s[0])]  # noqa: E731
-    return sum(s[5] for s in sections if name(s).startswith(b".text."))
+    return sum(s[5] for s in sections if s[2] & 0x4)  # sh_size where sh_flags has SHF_EXECINSTR
 
 
 # A Hopper (sm_90) multiprocessor's limits, for :func:`resident_warps`: registers of each of its

@@ -34,10 +34,10 @@ channels) is reduced within a warp by a butterfly that halves the values each st
 across warps in a fixed order: every kernel is
 deterministic. A product with many programs spreads them over several blocks per node,
 its groups (``Config.block_warps``; a conv kernel's until their code fits the instruction
-caches, ``Config.conv_code_bytes``), run node by node (``blockIdx.x = node * groups + group``:
-a float64 conv forward's) or group-major (``blockIdx.x = group * nodes + node``: the other
-conv kernels', and a float64 batched backward's, one program per block,
-``Config.split_float64_backward``); the groups' ``gy`` partials are summed by the caller.
+caches, ``Config.conv_code_bytes``). They run group-major (``blockIdx.x = group * nodes +
+node``) in the conv kernels but the float64 forward, and in a float64 batched backward (one
+program per block, ``Config.split_float64_backward``); else node by node (``blockIdx.x =
+node * groups + group``). The groups' ``gy`` partials are summed by the caller.
 Batches from ``jax.vmap`` arrive as grid rows ``blockIdx.y``.
 """
 

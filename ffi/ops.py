@@ -131,18 +131,24 @@ def _uncapped_enough(desc, dtype, kind, sums, shared, config) -> codegen.Kernel:
 
 def _code_fitting(desc, dtype, kind, sums, shared, config) -> codegen.Kernel:
     """A conv kernel built with ``config.block_warps`` warps per block, then fewer
-    (:data:`BLOCK_WARPS`), until the code of the groups two neighbouring multiprocessors run at
-    once fits ``config.conv_code_bytes`` (or each program has its own blocks): one group's
-    where its groups run group-major, one per block the two hold (up to all) node by node."""
+    (:data:`BLOCK_WARPS`), until its code fits (:func:`code_fits`; or each program has its
+    own blocks)."""
     for warps in [config.block_warps, *(n for n in BLOCK_WARPS if n < config.block_warps)]:
         config = dataclasses.replace(config, block_warps=warps)
         k = _uncapped_enough(desc, dtype, kind, sums, shared, config)
-        path = build.cubin(k.source)
-        blocks = build.resident_warps(path, k.threads, k.smem) * LANES // k.threads
-        running = 1 if k.group_major else min(k.groups, 2 * blocks)
-        if not config.conv_code_bytes or build.code_bytes(path) * running <= config.conv_code_bytes * k.groups:
+        if code_fits(k, config.conv_code_bytes):
             break
     return k
+
+
+def code_fits(k: codegen.Kernel, budget: int) -> bool:
+    """Whether the code of the groups of `k` that two neighbouring multiprocessors run at once
+    is at most `budget` bytes (0: any): one group's where they run group-major, one per block
+    the two hold (up to all) node by node; a group's code is the kernel's divided by its groups."""
+    path = build.cubin(k.source)
+    blocks = build.resident_warps(path, k.threads, k.smem) * LANES // k.threads
+    running = 1 if k.group_major else min(k.groups, 2 * blocks)
+    return not budget or build.code_bytes(path) * running <= budget * k.groups
 
 
 def clear():

@@ -152,13 +152,14 @@ class Config:
       |---|---|
       | float32 fwd | 1 x 218 KB: 10.74; 2 x 67 group-major: **3.71** (82 % of DRAM throughput, 2.6 cycles stalled on fetch), node by node (2 blocks per multiprocessor): 9.51; 3 x 41: 4.68 |
       | float32 bwd (fwd+bwd less fwd) | 1 x 320 KB: 20.5; 2 x 103: **9.3**; 3 x 63: 8.9 |
-      | float64 fwd | 2 x 214 KB: 29.2 (group-major 10.6); 3 x 98 node by node (1 block): 11.1; 4 x 59 node by node: **6.25** (group-major 13.07) |
+      | float64 fwd | 2 x 214 KB: 29.2 (group-major 10.6); 3 x 98 node by node (1 block): 11.1; 4 x 58 node by node: **6.25** (group-major, 4 x 59: 13.07) |
       | float64 bwd | 2 x 157 KB: 24.5 (node by node 39.3); 3 x 85: **22.5** (node by node 32.8); 4 x 57: 21.7 |
 
       NequIP-OAM's float64 kernels (100 and 121 KB in one block) stay whole: in two groups of
       3 and 5 warps their fwd / fwd+bwd took 2.00 / 8.19 ms against 1.13 / 5.76 (so not 80 KB,
       though it took benzene's backwards 3 % lower); MACE-large's conv kernels (at most 63 KB)
-      too: in two groups its float32 fwd+bwd took 3.94 against 3.58
+      too: in two groups its float32 fwd+bwd took 3.94 against 3.58. SevenNet's float64
+      kernels (182 and 179 KB) now run in two groups, not measured
       (2026-11-26-h100-conv-code-budget.md).
     * ``node_major_float64_conv_forward``: a float64 conv forward of several groups runs them
       node by node (a node's blocks side by side). NequIP-benzene, 4 groups: 6.25 ms against

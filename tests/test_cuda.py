@@ -41,6 +41,7 @@ if ON_GPU:
     PROBLEMS["mace-large-ir_mul"] = functools.partial(jequi.problems.get, "mace-large", layout="ir_mul")
 
 TOL = {np.float32: 5e-5, np.float64: 1e-11}
+DTYPES = (np.float32, np.float64)
 BATCH = 301  # odd: a partial last block for every rows-per-block setting (Config.batched_*_rows)
 
 
@@ -374,31 +375,63 @@ def test_conv_kernels_split_into_groups(backend, monkeypatch):
 
 
 @pytest.mark.skipif(build.toolchain_missing() is not None, reason=str(build.toolchain_missing()))
-def test_conv_kernels_fit_the_code_budget(monkeypatch):
-    """:func:`ffi.ops.kernel` rebuilds a conv kernel with fewer warps per block until the code
-    of the groups two multiprocessors run at once fits ``Config.conv_code_bytes`` (or each
-    program has its own blocks): one group's where they run group-major, one per resident
-    block (up to all) where a float64 forward runs node by node; without a budget the blocks
-    keep ``block_warps``."""
+def test_conv_kernels_take_the_widest_blocks_whose_code_fits(monkeypatch):
+    """:func:`ffi.ops.kernel` builds a conv kernel with ``Config.block_warps`` warps per block,
+    then with each of ``ops.BLOCK_WARPS``, and keeps the first build whose code fits
+    ``Config.conv_code_bytes`` (:func:`ffi.ops.code_fits`): at 24 KB every kind of a small
+    product stops at a different width, all split; without a budget the blocks keep
+    ``block_warps``. The float64 forward runs node by node, the others group-major."""
     desc = PROBLEMS["vec-ir_mul"]().descriptor.trilinear
-    budget = 16 * 1024
-    monkeypatch.setattr(schedule, "DEFAULT", dataclasses.replace(schedule.DEFAULT, conv_code_bytes=budget))
+    budget = 24 * 1024
+    config = dataclasses.replace(schedule.DEFAULT, conv_code_bytes=budget)
+    monkeypatch.setattr(schedule, "DEFAULT", config)
     monkeypatch.setattr(ops, "generated", {})
-    for dtype in (np.float32, np.float64):
+    widths = set()
+    for dtype in DTYPES:
         for kind in ("conv_forward", "conv_backward", "conv_atomic_backward"):
             k = ops.kernel(desc, dtype, kind)
-            path = build.cubin(k.source)
-            code = build.code_bytes(path)
-            assert 0 < code < path.stat().st_size and code % 16 == 0  # 16-byte instructions
-            node_major = kind == "conv_forward" and dtype == np.float64
-            assert k.groups > 1 and k.group_major != node_major and ("blockIdx.x / nodes" in k.source) == k.group_major
-            blocks = build.resident_warps(path, k.threads, k.smem) * schedule.LANES // k.threads
-            running = min(k.groups, 2 * blocks) if node_major else 1
-            assert code * running <= budget * k.groups or k.groups == len(k.programs), (kind, dtype)  # or one program a block
-    monkeypatch.setattr(schedule, "DEFAULT", dataclasses.replace(schedule.DEFAULT, conv_code_bytes=0))
+            sums = schedule.Sums().of_kind(kind != "conv_forward")
+            builds = {w: ops._uncapped_enough(desc, np.dtype(dtype), kind, sums, False, dataclasses.replace(config, block_warps=w))
+                      for w in (config.block_warps, *ops.BLOCK_WARPS)}  # fmt: skip
+            width = next(w for w, b in builds.items() if ops.code_fits(b, budget))
+            assert k.source == builds[width].source and k.groups > 1, (kind, dtype)
+            assert k.group_major == (kind != "conv_forward" or dtype == np.float32)
+            assert ("blockIdx.x / nodes" in k.source) == k.group_major
+            widths.add(width)
+    assert len(widths) > 2
+    monkeypatch.setattr(schedule, "DEFAULT", dataclasses.replace(config, conv_code_bytes=0))
     ops.clear()
     whole = ops.kernel(desc, np.float32, "conv_backward")
     assert whole.groups == 1 and not whole.group_major and whole.threads == schedule.LANES * sum(p.warps for p in whole.programs)
+
+
+def test_code_fits(monkeypatch, tmp_path):
+    """The code two neighbouring multiprocessors run at once: one group's (the kernel's divided
+    by its groups) group-major; node by node one group per block the two hold, up to all."""
+    monkeypatch.setattr(build, "cubin", lambda source: tmp_path)
+    monkeypatch.setattr(build, "code_bytes", lambda path: 120)  # 30 bytes a group
+    blocks = {}
+    monkeypatch.setattr(build, "resident_warps", lambda path, threads, smem: blocks["n"] * threads // schedule.LANES)
+    k = codegen.generate(PROBLEMS["uvu"]().descriptor.trilinear, np.float32, "conv_forward")
+    four = dataclasses.replace(k, groups=4, group_major=True)
+    blocks["n"] = 8
+    assert ops.code_fits(four, 30) and not ops.code_fits(four, 29) and ops.code_fits(four, 0)
+    node_major = dataclasses.replace(four, group_major=False)
+    assert ops.code_fits(node_major, 120) and not ops.code_fits(node_major, 119)  # all 4 groups
+    blocks["n"] = 1
+    assert ops.code_fits(node_major, 60) and not ops.code_fits(node_major, 59)  # 2 blocks, 2 groups
+
+
+@pytest.mark.skipif(build.toolchain_missing() is not None, reason=str(build.toolchain_missing()))
+def test_code_bytes_reads_the_executable_sections(tmp_path):
+    """``build.code_bytes``: the sizes of a cubin's executable sections (SASS is 16 bytes an
+    instruction); anything but a little-endian ELF64 file is refused."""
+    path = build.cubin(codegen.generate(PROBLEMS["uvu"]().descriptor.trilinear, np.float32, "conv_forward").source, "sm_90")
+    code = build.code_bytes(path)
+    assert 0 < code < path.stat().st_size and code % 16 == 0
+    (tmp_path / "x").write_bytes(b"not a cubin")
+    with pytest.raises(ValueError, match="ELF64"):
+        build.code_bytes(tmp_path / "x")
 
 
 def test_second_order_sums_name_their_operands():

@@ -113,11 +113,12 @@ def resolve(name: str | None, desc, shared_weights: bool = False, conv: bool = F
 # its channel groups are also all at least CUDA_CONV_MIN_CHANNELS wide. Measured (H200): MACE-large
 # (128 channels, 86 values) on the carbon lattice and the water box beats the Pallas kernels in
 # fwd and fwd+bwd in both dtypes (benchmarks/results/2026-11-23-h200-conv-cuda-*.md);
-# NequIP-benzene (64 channels, 134 values) stays on Pallas: its CUDA conv ran 3x slower until its
-# kernels were split to fit the instruction caches (ffi.schedule.Config.conv_code_bytes), and now
-# keeps the same distance to cuEquivariance as Pallas (carbon float32 fwd / fwd+bwd 3.65 / 12.93 ms
-# against 4.35 / 14.36 on an H100; Pallas 3.59 / 12.31 against 4.38 / 13.88 on an H200), not yet
-# run beside Pallas on one GPU (2026-11-26-h100-conv-code-budget.md); jequi.models' product (64/32/16 channels, a 512-node batch) ran inference 2x
+# NequIP-benzene (64 channels, 134 values) stays on Pallas: its CUDA conv ran 3x slower until
+# its kernels were split to fit the instruction caches (ffi.schedule.Config.conv_code_bytes),
+# and now keeps the same distance to cuEquivariance as Pallas (carbon float32 fwd / fwd+bwd
+# 3.65 / 12.93 ms against 4.35 / 14.36 on an H100; Pallas 3.59 / 12.31 against 4.38 / 13.88 on
+# an H200), not yet run beside Pallas on one GPU (2026-11-26-h100-conv-code-budget.md);
+# jequi.models' product (64/32/16 channels, a 512-node batch) ran inference 2x
 # and the training step 2.8x slower (2026-11-23-nvidia-h200-model-cuda.md). The batched backward
 # and double backward of MACE-large, MACE-medium, NequIP-OAM and NequIP-LiPS (32-128 channels,
 # 50-86 values) beat the Pallas ones in both dtypes and layouts, their forward does not
