@@ -87,11 +87,11 @@ def kernel(desc, dtype, kind: str, sums: Sums = Sums(), shared: bool = False) ->
         raise ValueError(f"the cuda backend runs float32 and float64, not {dtype}")
     sums = sums.of_kind(kind.endswith("backward"))
     key = (desc, dtype, kind, sums, bool(shared))
-    if key not in generated:
+    if key not in generated and kind.startswith("conv"):
+        generated[key] = _code_fitting(desc, dtype, kind, sums, shared, schedule.DEFAULT)
+    elif key not in generated:
         configs = _configs(dtype, kind)
-        if kind.startswith("conv"):
-            generated[key] = _code_fitting(desc, dtype, kind, sums, shared, configs[0])
-        elif len(configs) == 1:
+        if len(configs) == 1:
             generated[key] = _uncapped_enough(desc, dtype, kind, sums, shared, configs[0])
         else:
             with concurrent.futures.ThreadPoolExecutor(len(configs)) as pool:  # nvcc runs beside nvcc
