@@ -6,7 +6,7 @@ schedule knobs (GPU run, device tool).
         [--forward-registers 64] [--batched-forward-registers 128] [--backward-values 128]
         [--prefetch 64,0] [--batched-float32-backward-prefetch 0,64] [--min-warps 16,0] [--l2-prefetch 4,0] [--block-warps 8] [--channels 1,4]
         [--smem-budget 65536] [--spill-bytes rule,64,0] [--second fused,composed]
-        [--no-conv] [--no-backward] [--conv-dbl]
+        [--no-conv] [--no-backward] [--conv-dbl] [--precompile | --only-precompile]
 
 Knobs: the fields of ``ffi.schedule.Config`` (comma lists are swept),
 ``ffi.codegen.SMEM_BUDGET`` and ``ffi.ops.SPILL_BYTES`` (a float64 batched forward is built twice,
@@ -32,6 +32,7 @@ import structures
 from tune_conv import time_both, time_dbl
 
 import jequi
+from jequi.autodiff import SecondOrder
 from ffi import build, codegen, ops, schedule
 
 KNOBS = tuple(f.name for f in dataclasses.fields(schedule.Config))
@@ -50,19 +51,30 @@ def registers(desc, dtype) -> str:
 
 
 def precompile(a):
-    """Build the conv forward and backward kernels of every swept schedule setting into the
-    disk cache at once, one nvcc per core (the timed sweep then finds them there); at the
-    default ``SMEM_BUDGET`` and spill rule, per-edge weights, no double backward's kernels."""
-    kinds = ["conv_forward"] + [f"conv_{'atomic_' if b == 'cuda-atomic' else ''}backward" for b in a.backends.split(",") if b in CUDA and a.backward]
+    """Build the kernels of every swept schedule setting into the disk cache at once, one nvcc
+    per core (the timed sweep then finds them there; ``--only-precompile``: on a machine
+    without a GPU, for ``sm_90``, to carry in ``JEQUI_CACHE_DIR``): the conv's forward and
+    backward, with ``--tp-batch`` / ``--dbl-batch`` the batched product's too and the backward
+    of its double backward as :func:`tune_conv.time_dbl` calls it; at the default
+    ``SMEM_BUDGET`` and spill rule, per-row (edge) weights, no conv double backward's kernels."""
+    full = schedule.Sums()
+    kinds = []
+    if a.conv:
+        kinds += [("conv_forward", full)]
+        kinds += [(f"conv_{'atomic_' if b == 'cuda-atomic' else ''}backward", full) for b in a.backends.split(",") if b in CUDA and a.backward]
+    if a.tp_batch or a.dbl_batch:
+        kinds += [("tp_forward", full), *([("tp_backward", full)] if a.backward or a.dbl_batch else [])]
+    if a.dbl_batch:  # the gradient of |gx|^2 + |gy|^2: the backward pruned to gx, gy, then x, y, w perturbed
+        spec = SecondOrder.of((True, True, True, False), (True, True, False))
+        kinds += [("tp_backward", schedule.Sums.gradients((True, True, False))), ("tp_backward", schedule.Sums((), spec.dx, spec.dy, spec.dw))]
     jobs = []
     for name, layout in itertools.product(a.problems.split(","), a.layouts.split(",")):
         desc = jequi.problems.get(name, layout=layout).descriptor.trilinear
         for values in itertools.product(*(getattr(a, k).split(",") for k in KNOBS)):
             config = dataclasses.replace(schedule.DEFAULT, **{k: int(v) for k, v in zip(KNOBS, values)})
-            jobs += [(desc, kind, config) for kind in kinds]
-    sums = lambda kind: schedule.Sums().of_kind(kind.endswith("backward"))  # noqa: E731
+            jobs += [(desc, kind, sums.of_kind(kind.endswith("backward")), config) for kind, sums in kinds]
     with concurrent.futures.ThreadPoolExecutor(os.cpu_count()) as pool:
-        list(pool.map(lambda j: ops._code_fitting(j[0], np.dtype(a.dtype), j[1], sums(j[1]), False, j[2]), jobs))
+        list(pool.map(lambda j: ops.make(j[0], np.dtype(a.dtype), j[1], j[2], False, j[3]), jobs))
     print(f"precompiled {len(jobs)} kernels", flush=True)
 
 
@@ -80,7 +92,8 @@ def main():
     ap.add_argument("--backward", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--smem-budget", default=str(codegen.SMEM_BUDGET))
     ap.add_argument("--spill-bytes", default="rule", help="comma list: rule (ffi.ops.SPILL_BYTES per dtype) or bytes for every dtype")
-    ap.add_argument("--precompile", action="store_true", help="first build every setting's conv kernels, nvcc beside nvcc")
+    ap.add_argument("--precompile", action="store_true", help="first build every setting's kernels, nvcc beside nvcc")
+    ap.add_argument("--only-precompile", action="store_true", help="build every setting's kernels, then stop (no GPU needed)")
     ap.add_argument("--second", default="fused", help="comma list: fused, composed (the cuda double backward)")
     for k in KNOBS:
         ap.add_argument("--" + k.replace("_", "-"), default=str(int(getattr(schedule.DEFAULT, k))))  # booleans as 0 / 1
@@ -88,10 +101,12 @@ def main():
     rule = ops.SPILL_BYTES
     if a.dtype == "float64":
         jax.config.update("jax_enable_x64", True)
+    if a.precompile or a.only_precompile:
+        precompile(a)
+        if a.only_precompile:
+            return
     atoms, _, graph = structures.radius_graph(a.graph)
     print(f"{a.graph}: {len(atoms)} atoms, {graph.num_edges} edges", flush=True)
-    if a.precompile:
-        precompile(a)
     for name, layout in itertools.product(a.problems.split(","), a.layouts.split(",")):
         tp = jequi.problems.get(name, layout=layout)
         d1, d2, do = tp.descriptor.dims

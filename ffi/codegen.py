@@ -33,11 +33,12 @@ rows, read through L1: measured faster); the gathered rows keep L2. ``gy`` (a su
 channels) is reduced within a warp by a butterfly that halves the values each step, and
 across warps in a fixed order: every kernel is
 deterministic. A product with many programs spreads them over several blocks per node,
-its groups (``Config.block_warps``; a conv kernel's until their code fits the instruction
-caches, ``Config.conv_code_bytes``). They run group-major (``blockIdx.x = group * nodes +
-node``) in the conv kernels but the float64 forward, and in a float64 batched backward (one
-program per block, ``Config.split_float64_backward``); else node by node (``blockIdx.x =
-node * groups + group``). The groups' ``gy`` partials are summed by the caller.
+its groups (``Config.block_warps``; a conv kernel's and a batched backward's until their code
+fits the instruction caches, ``Config.code_bytes``). They run group-major (``blockIdx.x = group
+* nodes + node``) in the conv kernels but the float64 forward, in a float64 batched backward (one
+program per block, ``Config.split_float64_backward``) and in a batched kernel whose code does not
+fit otherwise (``Config.batched_group_major``); else node by node (``blockIdx.x = node * groups +
+group``). The groups' ``gy`` partials are summed by the caller.
 Batches from ``jax.vmap`` arrive as grid rows ``blockIdx.y``.
 """
 
@@ -276,9 +277,10 @@ class _Kernel:
         self.groups = [_Group(ps, self.vector, self.backward and self.needs_gy, len(self.tables))
                        for ps in schedule.block_groups(programs, 1 if self.split else config.block_warps)]  # fmt: skip
         self.warps = max(g.warps for g in self.groups)
-        # a conv kernel's groups run group-major but a float64 forward's (Config.conv_code_bytes)
+        # a conv kernel's groups run group-major but a float64 forward's (Config.code_bytes)
         node_major = not self.backward and self.dtype == np.float64 and config.node_major_float64_conv_forward
-        self.group_major = self.split or (self.conv and len(self.groups) > 1 and not node_major)
+        several = len(self.groups) > 1
+        self.group_major = self.split or several and (not node_major if self.conv else config.batched_group_major)
         # per warp, one segment's values of its 32 channels (the widest segment's)
         self.stage = LANES * max(s.ir_dim for p in programs for s in (*p.x_segments, *p.out_segments)) if self.staged else 0
         size = lambda chunk: self.warps * self.stage * self.dtype.itemsize + max(g.smem(chunk, self.dtype.itemsize) for g in self.groups)  # noqa: E731

@@ -24,7 +24,7 @@ DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 # within 3 % either way.
 SPILL_BYTES = {np.dtype(np.float32): 64, np.dtype(np.float64): 0}
 BACKWARD_PAIRS = BACKWARD.pairs
-# Warps per block a conv kernel is rebuilt with, in turn, until its code fits (_code_fitting).
+# Warps per block a kernel is rebuilt with, in turn, until its code fits (_code_fitting).
 BLOCK_WARPS = (8, 6, 4, 3, 2, 1)
 
 
@@ -77,27 +77,29 @@ generated: dict[tuple, codegen.Kernel] = {}
 
 
 def kernel(desc, dtype, kind: str, sums: Sums = Sums(), shared: bool = False) -> codegen.Kernel:
-    """The generated kernel (made once per process, with the schedule's current config): of
-    the builds :func:`_configs` lists, one that spills no more than ``SPILL_BYTES`` if any
-    does, then the one with the most warps resident per multiprocessor, on a tie the one with
-    the fewest programs (each re-reads its rows), then the first; a conv kernel with its
-    blocks cut until its code fits (:func:`_code_fitting`)."""
+    """The generated kernel, made once per process with the schedule's current config
+    (:func:`make`)."""
     dtype = np.dtype(dtype)
     if dtype not in DTYPES:
         raise ValueError(f"the cuda backend runs float32 and float64, not {dtype}")
     sums = sums.of_kind(kind.endswith("backward"))
     key = (desc, dtype, kind, sums, bool(shared))
-    if key not in generated and kind.startswith("conv"):
-        generated[key] = _code_fitting(desc, dtype, kind, sums, shared, schedule.DEFAULT)
-    elif key not in generated:
-        configs = _configs(dtype, kind)
-        if len(configs) == 1:
-            generated[key] = _uncapped_enough(desc, dtype, kind, sums, shared, configs[0])
-        else:
-            with concurrent.futures.ThreadPoolExecutor(len(configs)) as pool:  # nvcc runs beside nvcc
-                builds = list(pool.map(lambda c: _uncapped_enough(desc, dtype, kind, sums, shared, c), configs))
-            generated[key] = min(builds, key=lambda k: _rank(k, dtype))
+    if key not in generated:
+        generated[key] = make(desc, dtype, kind, sums, shared, schedule.DEFAULT)
     return generated[key]
+
+
+def make(desc, dtype, kind: str, sums: Sums, shared: bool, config: schedule.Config) -> codegen.Kernel:
+    """The kernel `config` gives: of the builds :func:`_configs` lists, one that spills no
+    more than ``SPILL_BYTES`` if any does, then the one with the most warps resident per
+    multiprocessor, on a tie the one with the fewest programs (each re-reads its rows), then
+    the first; each build with its blocks cut until its code fits (:func:`_code_fitting`)."""
+    configs = _configs(config, dtype, kind)
+    build_one = lambda c: _code_fitting(desc, dtype, kind, sums, shared, c)  # noqa: E731
+    if len(configs) == 1:
+        return build_one(configs[0])
+    with concurrent.futures.ThreadPoolExecutor(len(configs)) as pool:  # nvcc runs beside nvcc
+        return min(pool.map(build_one, configs), key=lambda k: _rank(k, dtype))
 
 
 def _rank(k: codegen.Kernel, dtype) -> tuple:
@@ -107,10 +109,9 @@ def _rank(k: codegen.Kernel, dtype) -> tuple:
     return spills, -build.resident_warps(path, k.threads, k.smem), len(k.programs)
 
 
-def _configs(dtype, kind: str) -> list[schedule.Config]:
-    """The configs a kernel is built with: a float64 batched forward also (first) with
-    ``Config.batched_float64_forward_registers`` and ``batched_float64_forward_rows``."""
-    config = schedule.DEFAULT
+def _configs(config: schedule.Config, dtype, kind: str) -> list[schedule.Config]:
+    """The configs a kernel is built with: `config`, and for a float64 batched forward also
+    (first) with ``Config.batched_float64_forward_registers`` and ``batched_float64_forward_rows``."""
     if kind != "tp_forward" or dtype != np.float64 or not config.batched_float64_forward_registers:
         return [config]
     wide = dataclasses.replace(config, batched_forward_registers=config.batched_float64_forward_registers,
@@ -130,15 +131,28 @@ def _uncapped_enough(desc, dtype, kind, sums, shared, config) -> codegen.Kernel:
 
 
 def _code_fitting(desc, dtype, kind, sums, shared, config) -> codegen.Kernel:
-    """A conv kernel built with ``config.block_warps`` warps per block, then fewer
-    (:data:`BLOCK_WARPS`), until its code fits (:func:`code_fits`; or each program has its
-    own blocks)."""
-    for warps in [config.block_warps, *(n for n in BLOCK_WARPS if n < config.block_warps)]:
-        config = dataclasses.replace(config, block_warps=warps)
-        k = _uncapped_enough(desc, dtype, kind, sums, shared, config)
-        if code_fits(k, config.conv_code_bytes):
+    """The kernel built with `config`, then with the changes :func:`_narrower` lists in turn,
+    until its code fits ``Config.code_bytes`` (:func:`code_fits`; or each program has its own
+    blocks). A batched forward kind is built as `config` says (see ``Config.code_bytes``)."""
+    conv = kind.startswith("conv")
+    budget = config.code_bytes if conv or kind.endswith("backward") else 0
+    for c in _narrower(config, conv):
+        k = _uncapped_enough(desc, dtype, kind, sums, shared, c)
+        if code_fits(k, budget):
             break
     return k
+
+
+def _narrower(config, conv: bool):
+    """`config`; for a batched kernel then its groups run group-major; then fewer warps per
+    block (:data:`BLOCK_WARPS`)."""
+    yield config
+    if not conv:
+        config = dataclasses.replace(config, batched_group_major=True)
+        yield config
+    for warps in BLOCK_WARPS:
+        if warps < config.block_warps:
+            yield dataclasses.replace(config, block_warps=warps)
 
 
 def code_fits(k: codegen.Kernel, budget: int) -> bool:

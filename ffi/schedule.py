@@ -103,8 +103,8 @@ class Config:
       ahead (0: never); ``backward_l2_prefetch`` the same for the conv backward (1: carbon
       f32 fwd+bwd 3.266-3.284 ms, 2: 3.313-3.336, 4: 3.334-3.348; f64 6.47 / 6.50 / 6.64; H200).
     * ``block_warps``: warps per block; more programs are spread over several blocks per
-      node (:func:`block_groups`); a conv kernel's blocks may take fewer
-      (``conv_code_bytes``).
+      node (:func:`block_groups`); a conv or batched backward kernel's blocks may take fewer
+      (``code_bytes``).
     * ``channels``: the most channels a lane computes (a power of two; at most 16 bytes of
       them, one vector load or store per component). Each lane of a program takes
       :func:`lane_channels` of them: the shared-memory reads of ``A``, the loads, stores and
@@ -135,13 +135,15 @@ class Config:
       one row loses up to 11 % staged (NequIP-OAM ``mul_ir`` 0.399 -> 0.445) and 28 % in
       float64 (NequIP-OAM ``ir_mul`` 0.761 -> 0.974, 176 registers against 128)
       (2026-11-25-h200-forward-rows.md).
-    * ``conv_code_bytes``: the machine code a conv kernel may keep running on two neighbouring
-      multiprocessors. A product as wide as NequIP-benzene unrolls into more code than the
-      instruction caches hold (its float32 conv forward: 218 KB in one block; Nsight Compute:
-      15.3 cycles per issued instruction stalled on instruction fetch, 10 % of issue slots
-      busy), so :func:`ffi.ops.kernel` builds a conv kernel with ``block_warps`` and then
-      fewer warps per block (8, 6, 4, 3, 2, 1) until the code of the groups two multiprocessors
-      run at once fits (0: never split for it). Its groups run group-major (all nodes' blocks of
+    * ``code_bytes``: the machine code a conv kernel or a batched backward kind may keep
+      running on two neighbouring multiprocessors. A product as wide as NequIP-benzene unrolls
+      into more code than the instruction caches hold (its float32 conv forward: 218 KB in one
+      block; Nsight Compute: 15.3 cycles per issued instruction stalled on instruction fetch,
+      10 % of issue slots busy), so :func:`ffi.ops.kernel` builds a conv kernel with
+      ``block_warps`` and then fewer warps per block (8, 6, 4, 3, 2, 1) until the code of the
+      groups two multiprocessors run at once fits (0: never split for it); a batched backward
+      kind first with its groups group-major (``batched_group_major``), then with fewer warps
+      per block. A conv kernel's groups run group-major (all nodes' blocks of
       a group before the next group's: one group's code at a time), so that is one group's
       code; node by node (``node_major_float64_conv_forward``), one group per block two
       multiprocessors hold, up to all of them. The budget fits every measurement below, as if
@@ -161,12 +163,27 @@ class Config:
       too: in two groups its float32 fwd+bwd took 3.94 against 3.58. SevenNet's float64
       kernels (182 and 179 KB) now run in two groups, not measured
       (2026-11-26-h100-conv-code-budget.md).
+
+      The batched kernels: NequIP-benzene's float32 backward kinds (157-224 KB in two groups
+      of seven warps, two blocks per multiprocessor, node by node) run group-major at 128 KB
+      (78-112 KB a group). H100, 50,000 rows (double backward 20,000), fwd / fwd+bwd / dbl ms,
+      0 -> 128 KB -> 80 KB (at 80 the double backward's second kernel takes three groups of
+      five warps): ``ir_mul`` 1.853 / 8.396 / 3.965 -> 1.850 / 6.804 / 2.109 -> 1.897 / 6.850
+      / 2.051; ``mul_ir`` 1.869 / 8.330 / 3.911 -> 2.001 / 7.014 / 2.126 -> 2.001 / 7.024 /
+      2.084. The forward kinds are not split: ``mul_ir``'s float32 forward (140 KB, one group)
+      lost in two groups of four warps (1.869 -> 2.001; ``ir_mul``'s at 80 KB 1.853 -> 1.897)
+      (2026-11-26-h100-batched-code-budget.md). Every other product's batched backward kinds
+      fit node by node in both layouts and dtypes, and are unchanged.
     * ``node_major_float64_conv_forward``: a float64 conv forward of several groups runs them
       node by node (a node's blocks side by side). NequIP-benzene, 4 groups: 6.25 ms against
       13.07 group-major (twice each), though no two of its groups share a multiprocessor
       either way (244 registers x 160 threads, one block each); a guess at why: its 9.5 GB of
       per-edge weights, each row read in one pass instead of four. In float32 the forward runs
       group-major (2 groups: 3.71 against 9.51 node by node).
+    * ``batched_group_major``: a batched kernel of several groups runs them group-major (all
+      row blocks of a group before the next group's); :func:`ffi.ops.kernel` sets it where a
+      backward kind's code does not fit ``code_bytes`` node by node. A float64 backward with
+      per-row weights runs group-major either way (``split_float64_backward``).
     """
 
     forward_registers: int = 160
@@ -188,8 +205,9 @@ class Config:
     batched_forward_rows: int = 2
     batched_backward_rows: int = 4
     unstaged_float32_forward_rows: int = 1
-    conv_code_bytes: int = 128 * 1024
+    code_bytes: int = 128 * 1024
     node_major_float64_conv_forward: bool = True
+    batched_group_major: bool = False
 
 
 DEFAULT = Config()

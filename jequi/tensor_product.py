@@ -176,7 +176,7 @@ class TensorProduct:
         """
         x, y, w, wrap = self._inputs(x, y, w)
         shared = w.ndim == 1
-        b = backends.resolve(backend, self.descriptor.trilinear, shared, dtype=x.dtype)
+        b = backends.resolve(backend, self.descriptor.trilinear, shared)
         try:
             batch = jnp.broadcast_shapes(x.shape[:-1], y.shape[:-1], () if shared else w.shape[:-1])
         except ValueError as exc:
@@ -215,7 +215,7 @@ class TensorProduct:
         bit for bit.
         """
         x, y, w, wrap = self._inputs(x, y, w)
-        b = backends.resolve(backend, self.descriptor.trilinear, w.ndim == 1, conv=True, dtype=x.dtype)
+        b = backends.resolve(backend, self.descriptor.trilinear, w.ndim == 1, conv=True)
         if kahan and not b.supports_kahan:
             raise ValueError(f"kahan=True needs a backend with compensated sums (pallas), not {b.name!r}")
         if x.ndim != 2 or y.ndim != 2 or w.ndim > 2:

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import assert_close, check_batched
+from conftest import assert_close, check_batched, random_inputs
 
 import jequi
 from ffi import build, codegen, ops, schedule
@@ -353,10 +353,10 @@ def _check_higher_orders(tp, backend):
 @gpu
 @pytest.mark.parametrize("backend", ["cuda", "cuda-atomic"])
 def test_conv_kernels_split_into_groups(backend, monkeypatch):
-    """Conv kernels split into several blocks per node (a small ``Config.conv_code_bytes``),
+    """Conv kernels split into several blocks per node (a small ``Config.code_bytes``),
     group-major and (the float64 forward) node by node, against the reference in every
     derivative order."""
-    monkeypatch.setattr(schedule, "DEFAULT", dataclasses.replace(schedule.DEFAULT, conv_code_bytes=16 * 1024))
+    monkeypatch.setattr(schedule, "DEFAULT", dataclasses.replace(schedule.DEFAULT, code_bytes=16 * 1024))
     monkeypatch.setattr(ops, "generated", {})
     jequi.tensor_product._conv_op.cache_clear()
     jax.clear_caches()
@@ -374,16 +374,45 @@ def test_conv_kernels_split_into_groups(backend, monkeypatch):
         jax.clear_caches()
 
 
+@gpu
+def test_batched_backward_kernels_split_into_groups(monkeypatch):
+    """Batched float32 backward kinds whose code does not fit a small ``Config.code_bytes``
+    (group-major, in narrower blocks) against the reference: the gradients and the double
+    backward (float64's run one program per block, group-major, at any budget)."""
+    monkeypatch.setattr(schedule, "DEFAULT", dataclasses.replace(schedule.DEFAULT, code_bytes=16 * 1024))
+    monkeypatch.setattr(ops, "generated", {})
+    jequi.tensor_product._tp_op.cache_clear()
+    jax.clear_caches()
+    tp = PROBLEMS["vec-ir_mul"]()
+    try:
+        check_batched(tp, "cuda", BATCH, np.float32, False, TOL[np.float32])
+        x, y, w = random_inputs(tp, BATCH, np.float32)
+        g = np.random.default_rng(3).normal(size=(BATCH, tp.irreps_out.dim)).astype(np.float32)
+
+        def second(backend):
+            f = lambda *a: tp(*a, backend=backend)  # noqa: E731
+            first = lambda *a: jax.grad(lambda *b: jnp.vdot(f(*b), g), argnums=(0, 1))(*a)  # noqa: E731
+            return jax.jit(jax.grad(lambda *a: sum(jnp.sum(d**2) for d in first(*a)), argnums=(0, 1, 2)))(x, y, w)
+
+        for a, b, what in zip(second("cuda"), second("xla"), "xyw"):
+            assert_close(a, b, 1e-4, f"d/d{what}")
+        backward = [k for (_, _, kind, *_), k in ops.generated.items() if kind == "tp_backward"]
+        assert len(backward) >= 2 and all(k.groups > 1 and k.group_major for k in backward)
+    finally:
+        jequi.tensor_product._tp_op.cache_clear()
+        jax.clear_caches()
+
+
 @pytest.mark.skipif(build.toolchain_missing() is not None, reason=str(build.toolchain_missing()))
 def test_conv_kernels_take_the_widest_blocks_whose_code_fits(monkeypatch):
     """:func:`ffi.ops.kernel` builds a conv kernel with ``Config.block_warps`` warps per block,
     then with each of ``ops.BLOCK_WARPS``, and keeps the first build whose code fits
-    ``Config.conv_code_bytes`` (:func:`ffi.ops.code_fits`): at 24 KB the conv kinds of a small
+    ``Config.code_bytes`` (:func:`ffi.ops.code_fits`): at 24 KB the conv kinds of a small
     product stop at four different widths, all split; without a budget the blocks keep
     ``block_warps``. The float64 forward runs node by node, the others group-major."""
     desc = PROBLEMS["vec-ir_mul"]().descriptor.trilinear
     budget = 24 * 1024
-    config = dataclasses.replace(schedule.DEFAULT, conv_code_bytes=budget)
+    config = dataclasses.replace(schedule.DEFAULT, code_bytes=budget)
     monkeypatch.setattr(schedule, "DEFAULT", config)
     monkeypatch.setattr(ops, "generated", {})
     widths = set()
@@ -399,10 +428,50 @@ def test_conv_kernels_take_the_widest_blocks_whose_code_fits(monkeypatch):
             assert ("blockIdx.x / nodes" in k.source) == k.group_major
             widths.add(width)
     assert len(widths) == 4
-    monkeypatch.setattr(schedule, "DEFAULT", dataclasses.replace(config, conv_code_bytes=0))
+    monkeypatch.setattr(schedule, "DEFAULT", dataclasses.replace(config, code_bytes=0))
     ops.clear()
     whole = ops.kernel(desc, np.float32, "conv_backward")
     assert whole.groups == 1 and not whole.group_major and whole.threads == schedule.LANES * sum(p.warps for p in whole.programs)
+
+
+@pytest.mark.skipif(build.toolchain_missing() is not None, reason=str(build.toolchain_missing()))
+def test_batched_backward_kernels_go_group_major_then_narrower(monkeypatch):
+    """A batched backward kind whose groups' code does not fit ``Config.code_bytes`` node by
+    node runs them group-major, then in narrower blocks (:func:`ffi.ops._narrower`); a batched
+    forward kind is built as configured whatever its code."""
+    desc = PROBLEMS["vec-ir_mul"]().descriptor.trilinear
+    sums = schedule.Sums().of_kind(True)
+    base = schedule.DEFAULT
+
+    def kept(config):
+        monkeypatch.setattr(schedule, "DEFAULT", config)
+        ops.clear()
+        k = ops.kernel(desc, np.float32, "tp_backward")
+        builds = [ops._uncapped_enough(desc, np.dtype(np.float32), "tp_backward", sums, False, c)
+                  for c in ops._narrower(config, conv=False)]  # fmt: skip
+        fits = [ops.code_fits(b, config.code_bytes) for b in builds]
+        assert k.source == builds[fits.index(True)].source
+        return fits.index(True), k
+
+    try:
+        # two-warp blocks: several groups, node by node all of them on two multiprocessors
+        narrow = dataclasses.replace(base, block_warps=2, code_bytes=0)
+        _, whole = kept(narrow)
+        assert whole.groups > 1 and not whole.group_major
+        group = build.code_bytes(build.cubin(whole.source)) // whole.groups
+        at, k = kept(dataclasses.replace(narrow, code_bytes=group + 1024))
+        assert at == 1 and k.group_major and k.groups == whole.groups  # the same blocks, group-major
+        # twelve-warp blocks: one group of every program; it fits only cut into groups
+        at, k = kept(dataclasses.replace(base, code_bytes=group + 1024))
+        assert at > 1 and k.group_major and k.groups > 1
+        tiny = dataclasses.replace(base, code_bytes=1024)
+        monkeypatch.setattr(schedule, "DEFAULT", tiny)
+        ops.clear()
+        forward = ops.kernel(desc, np.float32, "tp_forward")
+        assert forward.source == ops._uncapped_enough(desc, np.dtype(np.float32), "tp_forward", schedule.Sums(), False, tiny).source
+        assert not ops.code_fits(forward, tiny.code_bytes)
+    finally:
+        ops.clear()
 
 
 def test_code_fits(monkeypatch, tmp_path):
@@ -646,14 +715,13 @@ def test_float64_forward_keeps_the_build_with_more_resident_warps(monkeypatch):
     the first. Other kernels (and a 0 knob) build once."""
     desc = PROBLEMS["vec-ir_mul"]().descriptor.trilinear
     config = schedule.DEFAULT
-    wide, default = ops._configs(np.dtype(np.float64), "tp_forward")
+    wide, default = ops._configs(config, np.dtype(np.float64), "tp_forward")
     assert (wide.batched_forward_registers, wide.batched_forward_rows) == (
         config.batched_float64_forward_registers, config.batched_float64_forward_rows)  # fmt: skip
     assert default == config
-    assert ops._configs(np.dtype(np.float32), "tp_forward") == ops._configs(np.dtype(np.float64), "tp_backward") == [config]
-    monkeypatch.setattr(schedule, "DEFAULT", dataclasses.replace(config, batched_float64_forward_registers=0))
-    assert ops._configs(np.dtype(np.float64), "tp_forward") == [schedule.DEFAULT]
-    monkeypatch.setattr(schedule, "DEFAULT", config)
+    assert ops._configs(config, np.dtype(np.float32), "tp_forward") == ops._configs(config, np.dtype(np.float64), "tp_backward") == [config]
+    off = dataclasses.replace(config, batched_float64_forward_registers=0)
+    assert ops._configs(off, np.dtype(np.float64), "tp_forward") == [off]
 
     assert wide.batched_forward_rows != default.batched_forward_rows
     rows = lambda source: int(re.search(r"constexpr int K = (\d+)", source).group(1))  # noqa: E731

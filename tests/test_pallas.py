@@ -402,9 +402,9 @@ def test_warps():
 def test_default_backend(monkeypatch, cuda):
     """xla on CPU; on GPU pallas for every product it runs, but xla for shared weights that a
     uvw path contracts over several x channels (a weight matrix per path); where the cuda
-    kernels are available and a channelwise backward's footprint is small, a wide conv on them
-    and a batched product with per-row weights on cuda (either layout); a wider one's batched
-    product on cuda+pallas in float32 and on cuda in float64."""
+    kernels are available, a wide conv whose backward footprint is small on them, and a
+    batched channelwise product with per-row weights on cuda (either layout), wide backwards
+    too."""
     desc = lambda name: jequi.problems.get(name).descriptor.trilinear  # noqa: E731
     unsupported = jequi.TensorProduct("3x1o", "2x1o", "2x2e", [(0, 0, 0, "uvv", True)]).descriptor.trilinear
     if not ON_GPU:
@@ -418,16 +418,12 @@ def test_default_backend(monkeypatch, cuda):
     for name in ("nequip-oam-main", "nequip-benzene", "diffdock-l1"):  # narrow groups, spills, uvw
         assert jequi.default_backend(desc(name), conv=True) == "pallas", name
     assert jequi.default_backend(unsupported) == "xla"
-    for name in ("mace-large", "nequip-oam-main", "nequip-lips"):  # the batched product, per-row weights
+    for name in ("mace-large", "nequip-oam-main", "nequip-lips", "nequip-benzene", "sevennet-main"):  # the batched product, per-row weights
         assert jequi.default_backend(desc(name)) == ("cuda" if cuda else "pallas"), name
         ir_mul = jequi.problems.get(name, layout="ir_mul").descriptor.trilinear
         assert jequi.default_backend(ir_mul) == ("cuda" if cuda else "pallas"), name
     for name, shared in [("mace-large", True), ("nequip-benzene", True), ("diffdock-l1", False), ("tetris-poly-1", True)]:
         assert jequi.default_backend(desc(name), shared) == "pallas", (name, shared)
-    # a backward too wide for the cuda kernels: each derivative order where it was measured faster
-    benzene = desc("nequip-benzene")
-    assert jequi.default_backend(benzene) == jequi.default_backend(benzene, dtype=np.float32) == ("cuda+pallas" if cuda else "pallas")
-    assert jequi.default_backend(benzene, dtype=np.float64) == ("cuda" if cuda else "pallas")
     for name in ("diffdock-l1", "tetris-poly-2", "tetris-1-lin2"):
         assert jequi.default_backend(desc(name), shared_weights=True) == "xla", name
 

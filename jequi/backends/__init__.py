@@ -23,7 +23,6 @@ import functools
 from typing import Callable
 
 import jax
-import jax.numpy as jnp
 
 from . import cuda, pallas, xla
 from .cuda import footprint as cuda_footprint
@@ -93,12 +92,11 @@ def available_backends() -> list[str]:
     return [name for name, b in BACKENDS.items() if b.available()]
 
 
-def resolve(name: str | None, desc, shared_weights: bool = False, conv: bool = False, dtype=None) -> Backend:
+def resolve(name: str | None, desc, shared_weights: bool = False, conv: bool = False) -> Backend:
     """The backend called `name` for descriptor `desc`, or the default one for it (for weights
-    shared by every row, `shared_weights`, for the fused convolution, `conv`, and operands of
-    `dtype`)."""
+    shared by every row, `shared_weights`, and for the fused convolution, `conv`)."""
     if name is None:
-        name = default_backend(desc, shared_weights, conv, dtype)
+        name = default_backend(desc, shared_weights, conv)
     if name not in BACKENDS:
         raise ValueError(f"unknown backend {name!r}; known backends: {', '.join(BACKENDS)}")
     backend = BACKENDS[name]
@@ -108,30 +106,26 @@ def resolve(name: str | None, desc, shared_weights: bool = False, conv: bool = F
     return backend
 
 
-# The CUDA kernels run a channelwise product's backward where a backward lane holds at most
-# CUDA_FOOTPRINT values per edge (row; ffi.schedule.backward_footprint), and its whole conv where
-# its channel groups are also all at least CUDA_CONV_MIN_CHANNELS wide. Measured (H200): MACE-large
-# (128 channels, 86 values) on the carbon lattice and the water box beats the Pallas kernels in
-# fwd and fwd+bwd in both dtypes (benchmarks/results/2026-11-23-h200-conv-cuda-*.md);
-# NequIP-benzene (64 channels, 134 values) stays on Pallas: its CUDA conv ran 3x slower until
-# its kernels were split to fit the instruction caches (ffi.schedule.Config.conv_code_bytes),
-# and now keeps the same distance to cuEquivariance as Pallas (carbon float32 fwd / fwd+bwd
-# 3.65 / 12.93 ms against 4.35 / 14.36 on an H100; Pallas 3.59 / 12.31 against 4.38 / 13.88 on
-# an H200), not yet run beside Pallas on one GPU (2026-11-26-h100-conv-code-budget.md);
-# jequi.models' product (64/32/16 channels, a 512-node batch) ran inference 2x
-# and the training step 2.8x slower (2026-11-23-nvidia-h200-model-cuda.md). The batched backward
-# and double backward of MACE-large, MACE-medium, NequIP-OAM and NequIP-LiPS (32-128 channels,
-# 50-86 values) beat the Pallas ones in both dtypes and layouts, their forward does not
-# (2026-11-24-h200-tp-cuda-second-f32.md, -f64.md).
+# The CUDA kernels run the conv of a channelwise product where a backward lane holds at most
+# CUDA_FOOTPRINT values per edge (ffi.schedule.backward_footprint) and its channel groups are
+# all at least CUDA_CONV_MIN_CHANNELS wide. Measured: MACE-large (128 channels, 86 values) on
+# the carbon lattice and the water box beats the Pallas kernels in fwd and fwd+bwd in both
+# dtypes (H200, benchmarks/results/2026-11-23-h200-conv-cuda-*.md); NequIP-benzene (64
+# channels, 134 values) stays on Pallas: with its CUDA kernels split to fit the instruction
+# caches (ffi.schedule.Config.code_bytes), carbon float32 ir_mul fwd / fwd+bwd 3.66 / 12.94 ms
+# against Pallas' 2.86 / 11.58 (cuEquivariance 4.38 / 14.36; H100, one process,
+# 2026-11-26-h100-batched-code-budget.md); jequi.models' product (64/32/16 channels, a
+# 512-node batch) ran inference 2x and the training step 2.8x slower
+# (2026-11-23-nvidia-h200-model-cuda.md).
 CUDA_CONV_MIN_CHANNELS = 128
 CUDA_FOOTPRINT = 100
 
 
-def default_backend(desc=None, shared_weights: bool = False, conv: bool = False, dtype=None) -> str:
+def default_backend(desc=None, shared_weights: bool = False, conv: bool = False) -> str:
     """The fastest correct backend for `desc` on the default JAX platform (with weights
-    shared by every row if `shared_weights`; for the fused convolution if `conv`; for
-    operands of `dtype`, float32 if None); without a descriptor, the platform's default for
-    the products the Pallas kernels run.
+    shared by every row if `shared_weights`; for the fused convolution if `conv`), in either
+    dtype; without a descriptor, the platform's default for the products the Pallas kernels
+    run.
 
     Measured (benchmarks/results/2026-11-21-h200-tp.md): on GPU the Pallas kernels beat
     ``xla`` on every problem measured with per-row weights (channelwise and ``uvw``), so they
@@ -143,22 +137,23 @@ def default_backend(desc=None, shared_weights: bool = False, conv: bool = False,
     (:func:`contracts_shared_weights`; benchmarks/results/2026-11-22-h200-shared-weights-float32.md).
     The convolution of a wide channelwise product goes to the CUDA kernels where they were
     measured to pay (:data:`CUDA_CONV_MIN_CHANNELS`, :data:`CUDA_FOOTPRINT`). A batched
-    channelwise product with per-row weights whose backward fits :data:`CUDA_FOOTPRINT` runs
-    on the CUDA kernels (``"cuda"``): with two rows per block, and in ``mul_ir`` its rows moved
-    through shared memory, their forward beat Pallas' in all 16 cells measured (MACE-large,
-    MACE-medium, NequIP-OAM, NequIP-LiPS; both layouts and dtypes; 50,000 rows: ``mul_ir``
-    float64 MACE-large 1.270 vs 2.574 ms, ``ir_mul`` float32 0.650 vs 0.654;
-    2026-11-24-h200-batched-rows.md, -tp-rows-f32.md, -tp-rows-f64.md), and their backward and
-    double backward beat Pallas' in every channelwise cell (MACE-large ``ir_mul`` bwd 0.881 vs
-    0.991 ms, dbl 0.890 vs 0.934; 2026-11-24-h200-tp-cuda-second-*.md). A batched channelwise
-    product whose backward does not fit (NequIP-benzene: 64 channels, l up to 3, 134 values)
-    runs its float32 backward and double backward on Pallas, its forward on CUDA
-    (``"cuda+pallas"``); in float64 all on CUDA. NequIP-benzene, 50,000 rows (double backward
-    20,000), ms, CUDA vs Pallas: float32 ``mul_ir`` fwd 1.41 vs 3.23, bwd 3.46 vs 2.78, dbl 3.25
-    vs 2.09; ``ir_mul`` fwd 1.37 vs 2.68, bwd 3.26 vs 2.18; float64 fwd 2.78 vs 4.35 (``ir_mul``
-    2.82 vs 3.22), bwd (``ir_mul``) 3.47 vs about 7.7 (``mul_ir``, fwd+bwd 12.02 less its
-    forward), dbl 3.05 vs 4.02 (2026-11-25-h200-tp-benzene-backends.md, the forwards
-    2026-11-25-h200-batched-forward-segments.md).
+    channelwise product with per-row weights runs on the CUDA kernels (``"cuda"``): with two
+    rows per block, and in ``mul_ir`` its rows moved through shared memory, their forward beat
+    Pallas' in all 16 cells measured (MACE-large, MACE-medium, NequIP-OAM, NequIP-LiPS; both
+    layouts and dtypes; 50,000 rows: ``mul_ir`` float64 MACE-large 1.270 vs 2.574 ms,
+    ``ir_mul`` float32 0.650 vs 0.654; 2026-11-24-h200-batched-rows.md, -tp-rows-f32.md,
+    -tp-rows-f64.md), and their backward and double backward beat Pallas' in every
+    channelwise cell (MACE-large ``ir_mul`` bwd 0.881 vs 0.991 ms, dbl 0.890 vs 0.934;
+    2026-11-24-h200-tp-cuda-second-*.md). The products whose backward lanes hold more (134
+    values: NequIP-benzene, SevenNet's main layer) beat Pallas too, NequIP-benzene since its
+    backward kernels run split to fit the instruction caches (``ffi.schedule.Config.code_bytes``):
+    float32, 50,000 rows (double backward 20,000), fwd / fwd+bwd / dbl ms, CUDA vs Pallas on
+    one H100: NequIP-benzene ``ir_mul`` 1.85 / 6.80 / 2.11 vs 2.01 / 7.24 / 2.43, ``mul_ir``
+    1.87 / 6.88 / 2.12 vs 2.10 / 7.81 / 2.46; SevenNet ``ir_mul`` 0.730 / 2.640 / 0.872 vs
+    0.748 / 2.793 / 0.902, ``mul_ir`` 0.734 / 2.667 / 0.833 vs 0.888 / 3.068 / 0.974
+    (2026-11-26-h100-batched-code-budget.md); in float64 NequIP-benzene ran on CUDA before
+    (``ir_mul`` fwd 2.82 vs 3.22 ms, dbl 3.05 vs 4.02; H200,
+    2026-11-25-h200-tp-benzene-backends.md).
     """
     if jax.default_backend() != "gpu":
         return "xla"
@@ -174,11 +169,7 @@ def default_backend(desc=None, shared_weights: bool = False, conv: bool = False,
         return "xla"
     if shared_weights:
         return "xla" if contracts_shared_weights(desc) else "pallas"
-    if conv or not runs:
-        return "pallas"
-    if fits or (dtype is not None and jnp.dtype(dtype) == jnp.float64):
-        return "cuda"
-    return "cuda+pallas"
+    return "cuda" if runs and not conv else "pallas"
 
 
 def _cuda_runs(desc) -> bool:
