@@ -159,10 +159,12 @@ def code_fits(k: codegen.Kernel, budget: int) -> bool:
     """Whether the code of the groups of `k` that two neighbouring multiprocessors run at once
     is at most `budget` bytes (0: any): one group's where they run group-major, one per block
     the two hold (up to all) node by node; a group's code is the kernel's divided by its groups."""
+    if not budget:
+        return True
     path = build.cubin(k.source)
     blocks = build.resident_warps(path, k.threads, k.smem) * LANES // k.threads
     running = 1 if k.group_major else min(k.groups, 2 * blocks)
-    return not budget or build.code_bytes(path) * running <= budget * k.groups
+    return build.code_bytes(path) * running <= budget * k.groups
 
 
 def clear():

@@ -377,16 +377,22 @@ def test_conv_kernels_split_into_groups(backend, monkeypatch):
 @gpu
 def test_batched_backward_kernels_split_into_groups(monkeypatch):
     """Batched float32 backward kinds whose code does not fit a small ``Config.code_bytes``
-    (group-major, in narrower blocks) against the reference: the gradients and the double
-    backward (float64's run one program per block, group-major, at any budget)."""
+    (group-major, in narrower blocks) against the reference: the gradients with per-row and
+    shared weights, under vmap, and the double backward (float64's run one program per block,
+    group-major, at any budget)."""
     monkeypatch.setattr(schedule, "DEFAULT", dataclasses.replace(schedule.DEFAULT, code_bytes=16 * 1024))
     monkeypatch.setattr(ops, "generated", {})
     jequi.tensor_product._tp_op.cache_clear()
     jax.clear_caches()
     tp = PROBLEMS["vec-ir_mul"]()
     try:
-        check_batched(tp, "cuda", BATCH, np.float32, False, TOL[np.float32])
+        for shared in (False, True):
+            check_batched(tp, "cuda", BATCH, np.float32, shared, TOL[np.float32])
         x, y, w = random_inputs(tp, BATCH, np.float32)
+        stacked = [np.stack([a, a[::-1]]) for a in (x, y, w)]
+        vmapped = lambda b: jax.jit(jax.vmap(jax.grad(lambda *a: jnp.sum(jnp.sin(tp(*a, backend=b))), argnums=(0, 1, 2))))(*stacked)  # noqa: E731
+        for a, b, what in zip(vmapped("cuda"), vmapped("xla"), "xyw"):
+            assert_close(a, b, TOL[np.float32], f"vmap d/d{what}")
         g = np.random.default_rng(3).normal(size=(BATCH, tp.irreps_out.dim)).astype(np.float32)
 
         def second(backend):
@@ -396,8 +402,9 @@ def test_batched_backward_kernels_split_into_groups(monkeypatch):
 
         for a, b, what in zip(second("cuda"), second("xla"), "xyw"):
             assert_close(a, b, 1e-4, f"d/d{what}")
-        backward = [k for (_, _, kind, *_), k in ops.generated.items() if kind == "tp_backward"]
-        assert len(backward) >= 2 and all(k.groups > 1 and k.group_major for k in backward)
+        backward = {(sums, shared): k for (_, _, kind, sums, shared), k in ops.generated.items() if kind == "tp_backward"}
+        assert any(shared for _, shared in backward) and len(backward) >= 3
+        assert all(k.groups > 1 and k.group_major for k in backward.values())
     finally:
         jequi.tensor_product._tp_op.cache_clear()
         jax.clear_caches()

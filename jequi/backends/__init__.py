@@ -76,7 +76,7 @@ def _check_pallas_and_cuda(desc):
     cuda.check(desc)
 
 
-# Each derivative order on the kernels measured faster for it (see default_backend).
+# Mixed: each derivative order on the other backend's kernels (chosen by name, not by default_backend).
 BACKENDS["pallas+cuda"] = Backend(
     "pallas+cuda", pallas.forward, cuda.backward, pallas.conv_forward, cuda.conv_backward, _check_pallas_and_cuda,
     available=cuda.available, second=cuda.second, conv_second=cuda.conv_second,
