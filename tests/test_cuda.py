@@ -350,64 +350,65 @@ def _check_higher_orders(tp, backend):
         assert_close(a, b, 1e-10)
 
 
-@gpu
-@pytest.mark.parametrize("backend", ["cuda", "cuda-atomic"])
-def test_conv_kernels_split_into_groups(backend, monkeypatch):
-    """Conv kernels split into several blocks per node (a small ``Config.code_bytes``),
-    group-major and (the float64 forward) node by node, against the reference in every
-    derivative order."""
+@pytest.fixture
+def small_code_budget(monkeypatch):
+    """A 16 KB ``Config.code_bytes`` (kernels split into several groups); the kernels and traced
+    ops of other settings are neither reused nor left behind."""
     monkeypatch.setattr(schedule, "DEFAULT", dataclasses.replace(schedule.DEFAULT, code_bytes=16 * 1024))
     monkeypatch.setattr(ops, "generated", {})
-    jequi.tensor_product._conv_op.cache_clear()
-    jax.clear_caches()
-    tp = PROBLEMS["vec-ir_mul"]()
-    try:
-        for dtype in (np.float32, np.float64):
-            _check_conv(tp, backend, False, dtype)
-        _check_higher_orders(tp, backend)
-        split = {(dtype, k.kind, k.group_major) for (_, dtype, *_), k in ops.generated.items() if k.groups > 1}
-        assert {(np.dtype(np.float64), "conv_forward", False), (np.dtype(np.float32), "conv_forward", True)} <= split
-        backward = "conv_atomic_backward" if backend == "cuda-atomic" else "conv_backward"
-        assert {(np.dtype(np.float64), backward, True), (np.dtype(np.float32), backward, True)} <= split
-    finally:
+
+    def clear():
+        jequi.tensor_product._tp_op.cache_clear()
         jequi.tensor_product._conv_op.cache_clear()
         jax.clear_caches()
 
+    clear()
+    yield
+    clear()
+
 
 @gpu
-def test_batched_backward_kernels_split_into_groups(monkeypatch):
+@pytest.mark.parametrize("backend", ["cuda", "cuda-atomic"])
+def test_conv_kernels_split_into_groups(backend, small_code_budget):
+    """Conv kernels split into several blocks per node (a small ``Config.code_bytes``),
+    group-major and (the float64 forward) node by node, against the reference in every
+    derivative order."""
+    tp = PROBLEMS["vec-ir_mul"]()
+    for dtype in (np.float32, np.float64):
+        _check_conv(tp, backend, False, dtype)
+    _check_higher_orders(tp, backend)
+    split = {(dtype, k.kind, k.group_major) for (_, dtype, *_), k in ops.generated.items() if k.groups > 1}
+    assert {(np.dtype(np.float64), "conv_forward", False), (np.dtype(np.float32), "conv_forward", True)} <= split
+    backward = "conv_atomic_backward" if backend == "cuda-atomic" else "conv_backward"
+    assert {(np.dtype(np.float64), backward, True), (np.dtype(np.float32), backward, True)} <= split
+
+
+@gpu
+def test_batched_backward_kernels_split_into_groups(small_code_budget):
     """Batched float32 backward kinds whose code does not fit a small ``Config.code_bytes``
     (group-major, in narrower blocks) against the reference: the gradients with per-row and
     shared weights, under vmap, and the double backward (float64's run one program per block,
     group-major, at any budget)."""
-    monkeypatch.setattr(schedule, "DEFAULT", dataclasses.replace(schedule.DEFAULT, code_bytes=16 * 1024))
-    monkeypatch.setattr(ops, "generated", {})
-    jequi.tensor_product._tp_op.cache_clear()
-    jax.clear_caches()
     tp = PROBLEMS["vec-ir_mul"]()
-    try:
-        for shared in (False, True):
-            check_batched(tp, "cuda", BATCH, np.float32, shared, TOL[np.float32])
-        x, y, w = random_inputs(tp, BATCH, np.float32)
-        stacked = [np.stack([a, a[::-1]]) for a in (x, y, w)]
-        vmapped = lambda b: jax.jit(jax.vmap(jax.grad(lambda *a: jnp.sum(jnp.sin(tp(*a, backend=b))), argnums=(0, 1, 2))))(*stacked)  # noqa: E731
-        for a, b, what in zip(vmapped("cuda"), vmapped("xla"), "xyw"):
-            assert_close(a, b, TOL[np.float32], f"vmap d/d{what}")
-        g = np.random.default_rng(3).normal(size=(BATCH, tp.irreps_out.dim)).astype(np.float32)
+    for shared in (False, True):
+        check_batched(tp, "cuda", BATCH, np.float32, shared, TOL[np.float32])
+    x, y, w = random_inputs(tp, BATCH, np.float32)
+    stacked = [np.stack([a, a[::-1]]) for a in (x, y, w)]
+    vmapped = lambda b: jax.jit(jax.vmap(jax.grad(lambda *a: jnp.sum(jnp.sin(tp(*a, backend=b))), argnums=(0, 1, 2))))(*stacked)  # noqa: E731
+    for a, b, what in zip(vmapped("cuda"), vmapped("xla"), "xyw"):
+        assert_close(a, b, TOL[np.float32], f"vmap d/d{what}")
+    g = np.random.default_rng(3).normal(size=(BATCH, tp.irreps_out.dim)).astype(np.float32)
 
-        def second(backend):
-            f = lambda *a: tp(*a, backend=backend)  # noqa: E731
-            first = lambda *a: jax.grad(lambda *b: jnp.vdot(f(*b), g), argnums=(0, 1))(*a)  # noqa: E731
-            return jax.jit(jax.grad(lambda *a: sum(jnp.sum(d**2) for d in first(*a)), argnums=(0, 1, 2)))(x, y, w)
+    def second(backend):
+        f = lambda *a: tp(*a, backend=backend)  # noqa: E731
+        first = lambda *a: jax.grad(lambda *b: jnp.vdot(f(*b), g), argnums=(0, 1))(*a)  # noqa: E731
+        return jax.jit(jax.grad(lambda *a: sum(jnp.sum(d**2) for d in first(*a)), argnums=(0, 1, 2)))(x, y, w)
 
-        for a, b, what in zip(second("cuda"), second("xla"), "xyw"):
-            assert_close(a, b, 1e-4, f"d/d{what}")
-        backward = {(sums, shared): k for (_, _, kind, sums, shared), k in ops.generated.items() if kind == "tp_backward"}
-        assert any(shared for _, shared in backward) and len(backward) >= 3
-        assert all(k.groups > 1 and k.group_major for k in backward.values())
-    finally:
-        jequi.tensor_product._tp_op.cache_clear()
-        jax.clear_caches()
+    for a, b, what in zip(second("cuda"), second("xla"), "xyw"):
+        assert_close(a, b, 1e-4, f"d/d{what}")
+    backward = {(sums, shared): k for (_, _, kind, sums, shared), k in ops.generated.items() if kind == "tp_backward"}
+    assert any(shared for _, shared in backward) and len(backward) >= 3
+    assert all(k.groups > 1 and k.group_major for k in backward.values())
 
 
 @pytest.mark.skipif(build.toolchain_missing() is not None, reason=str(build.toolchain_missing()))
