@@ -166,16 +166,16 @@ class Config:
 
       The batched kernels: NequIP-benzene's float32 backward kinds (the backward 157 KB, the
       double backward's 150 and 210 KB, each in two groups of seven warps, two blocks per
-      multiprocessor, node by node) run group-major at 128 KB (78, 75 and 105 KB a group).
-      H100, 50,000 rows (double backward 20,000), fwd / fwd+bwd / dbl ms, 0 -> 128 KB -> 80 KB
-      (at 80 the double backward's second kernel takes three groups of five warps): ``ir_mul`` 1.853 / 8.396 / 3.965 -> 1.850 / 6.804 / 2.109 -> 1.897 / 6.850
-      / 2.051; ``mul_ir`` 1.869 / 8.330 / 3.911 -> 2.001 / 7.014 / 2.126 -> 2.001 / 7.024 /
-      2.084. The forward kinds are not split: ``mul_ir``'s float32 forward (140 KB, one group)
-      lost in two groups of four warps (1.869 -> 2.001; ``ir_mul``'s at 80 KB 1.853 -> 1.897)
-      (2026-11-26-h100-batched-code-budget.md). Its shared-weight backward kinds (one block of
-      12 warps, 155-223 KB) run in two groups of six, group-major: not measured (shared weights
-      default to Pallas). Every other product's batched backward kinds fit node by node in
-      both layouts and dtypes, and are unchanged.
+      multiprocessor, node by node) run group-major at 128 KB (78, 75 and 105 KB a group). H100,
+      50,000 rows (double backward 20,000), fwd / fwd+bwd / dbl ms, 0 -> 128 KB -> 80 KB (at 80
+      the double backward's second kernel takes three groups of five warps): ``ir_mul`` 1.853 /
+      8.396 / 3.965 -> 1.850 / 6.804 / 2.109 -> 1.897 / 6.850 / 2.051; ``mul_ir`` 1.869 / 8.330 /
+      3.911 -> 2.001 / 7.014 / 2.126 -> 2.001 / 7.024 / 2.084. The forward kinds are not split:
+      ``mul_ir``'s float32 forward (140 KB, one group) lost in two groups of four warps (1.869 ->
+      2.001; ``ir_mul``'s at 80 KB 1.853 -> 1.897) (2026-11-26-h100-batched-code-budget.md). Its
+      shared-weight backward kinds (one block of 12 warps, 155-223 KB) run in two groups of six,
+      group-major: not measured (shared weights default to Pallas). Every other product's batched
+      backward kinds fit node by node in both layouts and dtypes, and are unchanged.
     * ``node_major_float64_conv_forward``: a float64 conv forward of several groups runs them
       node by node (a node's blocks side by side). NequIP-benzene, 4 groups: 6.25 ms against
       13.07 group-major (twice each), though no two of its groups share a multiprocessor
