@@ -17,7 +17,10 @@ leaves it out; ``jequi-cuda-ir_mul`` likewise); the speedup table compares each 
 * ``fwd``: ``tp(x, y, w)``;
 * ``bwd``: ``jax.grad`` of ``vdot(tp(x, y, w), g)`` w.r.t. (x, y, w);
 * ``dbl``: ``jax.grad`` w.r.t. (x, y, w) of ``sum(gx**2) + sum(gy**2)``, (gx, gy, gw) that
-  backward (batch ``--dbl-batch``).
+  backward (batch ``--dbl-batch``);
+* ``dblf`` (only where ``--passes`` names it): the double backward force training runs, where
+  ``g`` is a later layer's cotangent and every gradient is used: ``jax.grad`` w.r.t. (x, y, w,
+  g) of ``sum(gx**2) + sum(gy**2) + sum(gw**2)`` (the ``d/dg`` term is a forward pass of its own).
 
 Each cell: compile, a warm-up call, then the median of ``--repeat`` (5) repetitions of
 ``--calls`` (10) calls, ended by ``block_until_ready`` (fewer calls when one call is slow).
@@ -25,7 +28,8 @@ Each cell: compile, a warm-up call, then the median of ``--repeat`` (5) repetiti
 HBM bound: bytes that must move at least once divided by the device-to-device bandwidth this
 script measures (``a + 1`` on a ~2 GB float32 array, read + write). Per row, in elements:
 fwd reads x, y, w, writes z; bwd reads x, y, w, g, writes gx, gy, gw; dbl (fully fused, gx
-and gy kept on chip) also reads x, y, w, g and writes dx, dy, dw, the same bytes as bwd.
+and gy kept on chip) also reads x, y, w, g and writes dx, dy, dw, the same bytes as bwd;
+dblf reads x, y, w, g and writes dx, dy, dw, dg.
 ``dbl_2k`` (the markdown's "dbl 2-kernel %HBM") is the bound of any double backward that
 ``jax.grad`` runs through a custom_vjp, whose loss between the two derivative orders is user
 code: a first backward reads x, y, w, g and writes gx, gy; the loss's XLA fusion reads them and
@@ -312,7 +316,16 @@ def tp_passes():
 
         return jax.grad(loss, argnums=(0, 1, 2))
 
-    return {"fwd": lambda f: f, "bwd": bwd, "dbl": dbl}
+    def dblf(f):
+        def loss(x, y, w, g):
+            return sum(jnp.sum(d**2) for d in bwd(f)(x, y, w, g))
+
+        return jax.grad(loss, argnums=(0, 1, 2, 3))
+
+    return {"fwd": lambda f: f, "bwd": bwd, "dbl": dbl, "dblf": dblf}
+
+
+OPTIONAL_PASSES = {"dblf"}  # run only where --passes names them
 
 
 def conv_passes():
@@ -623,7 +636,7 @@ def main():
     ap.add_argument("--impls", help="comma list of implementations to run (jequi-<backend>, jequi-<backend>-ir_mul, e3nn, cuex, oeq, oeq-det)")
     ap.add_argument("--ir-mul", action=argparse.BooleanOptionalAction, default=True,
                     help="also run jequi-pallas-ir_mul and jequi-cuda-ir_mul (jequi in cuEquivariance's layout)")
-    ap.add_argument("--passes", help="comma list of passes to run (default all: fwd,bwd,dbl; with --conv fwd,fwd+bwd)")
+    ap.add_argument("--passes", help="comma list of passes to run (default fwd,bwd,dbl, dblf only if named; with --conv fwd,fwd+bwd)")
     ap.add_argument("--conv", action="store_true", help="fused convolution on real structures' graphs instead")
     ap.add_argument("--graphs", default="carbon,water", help="--conv: comma list of carbon, water, random")
     ap.add_argument("--nodes", type=int, default=None, help="--conv random graph: nodes (default 4096)")
@@ -662,6 +675,8 @@ def main():
         if unknown:
             ap.error(f"unknown passes {sorted(unknown)}; known: {', '.join(passes)}")
         passes = {p: make for p, make in passes.items() if p in a.passes.split(",")}
+    else:
+        passes = {p: make for p, make in passes.items() if p not in OPTIONAL_PASSES}
     result = {"meta": meta, "rows": []}
     key = jax.random.key(0)
 
@@ -708,7 +723,8 @@ def main():
                 x, y, w, g = random_arrays(key, dtype, [(batch, d1), (batch, d2), (batch, nw), (batch, do)])
                 n = dbl_batch
                 args_of = {"fwd": (x, y, w), "bwd": (x, y, w, g), "dbl": (x[:n], y[:n], w[:n], g[:n])}
-                per_row = {"fwd": d1 + d2 + nw + do, "bwd": 2 * (d1 + d2 + nw) + do}
+                args_of["dblf"] = args_of["dbl"]
+                per_row = {"fwd": d1 + d2 + nw + do, "bwd": 2 * (d1 + d2 + nw) + do, "dblf": 2 * (d1 + d2 + nw + do)}
                 per_row["dbl"], per_row["dbl_2k"] = per_row["bwd"], 2 * (d1 + d2 + nw + do) + 5 * (d1 + d2) + nw
                 bound_bytes = {p: item * (n if p.startswith("dbl") else batch) * v for p, v in per_row.items()}
                 impls = tp_impls(tp, tp_ir, spec, dtype)

@@ -90,16 +90,19 @@ def time_both(f, g, args, backward: bool) -> str:
     return text
 
 
-def time_dbl(f, g, args) -> str:
+def time_dbl(f, g, args, force: bool = False) -> str:
     """`` dbl ms (compile s)``: gpu_benchmark.py's double backward, the gradient of
-    ``|gx|^2 + |gy|^2`` of the backward of ``<f(x, y, w), g>``."""
+    ``|gx|^2 + |gy|^2`` of the backward of ``<f(x, y, w), g>`` w.r.t. ``(x, y, w)``. `force`:
+    `` dblf ...``, the double backward force training runs, where every input of the backward
+    is perturbed (``g`` is a later layer's cotangent) and every gradient is read: the gradient
+    of ``|gx|^2 + |gy|^2 + |gw|^2`` w.r.t. ``(x, y, w, g)``, so its ``dgz`` kernel runs too."""
 
     def loss(x, y, w, g):
-        gx, gy, _ = jax.grad(lambda x, y, w: jnp.vdot(f(x, y, w), g), (0, 1, 2))(x, y, w)
-        return jnp.sum(gx**2) + jnp.sum(gy**2)
+        gx, gy, gw = jax.grad(lambda x, y, w: jnp.vdot(f(x, y, w), g), (0, 1, 2))(x, y, w)
+        return jnp.sum(gx**2) + jnp.sum(gy**2) + (jnp.sum(gw**2) if force else 0)
 
-    ms, compile_s = timed(jax.jit(jax.grad(loss, (0, 1, 2))), (*args, g), *REPEAT)
-    return f" dbl {ms:.3f} ms (compile {compile_s:.1f} s)"
+    ms, compile_s = timed(jax.jit(jax.grad(loss, (0, 1, 2, 3) if force else (0, 1, 2))), (*args, g), *REPEAT)
+    return f" dbl{'f' if force else ''} {ms:.3f} ms (compile {compile_s:.1f} s)"
 
 
 def main():

@@ -2,7 +2,7 @@
 schedule knobs (GPU run, device tool).
 
     python3 benchmarks/tune_cuda.py [--problems mace-large] [--graph carbon] [--dtype float32]
-        [--layouts mul_ir,ir_mul] [--backends cuda,cuda-atomic,pallas] [--tp-batch 50000] [--dbl-batch 20000]
+        [--layouts mul_ir,ir_mul] [--backends cuda,cuda-atomic,pallas] [--tp-batch 50000] [--dbl-batch 20000 [--dbl-force]]
         [--forward-registers 64] [--batched-forward-registers 128] [--backward-values 128]
         [--prefetch 64,0] [--batched-float32-backward-prefetch 0,64] [--min-warps 16,0] [--l2-prefetch 4,0] [--block-warps 8] [--channels 1,4]
         [--smem-budget 65536] [--spill-bytes rule,64,0] [--second fused,composed]
@@ -13,7 +13,8 @@ Knobs: the fields of ``ffi.schedule.Config`` (comma lists are swept),
 see ``Config.batched_float64_forward_registers``: sweep its ``batched_forward_*`` knobs with that
 one at 0). Prints, per product and setting,
 the conv's fwd and fwd+bwd ms (tune_conv.py's timings), the batched product's with
-``--tp-batch``, its double backward with ``--dbl-batch`` and the conv's with ``--conv-dbl``
+``--tp-batch``, its double backward with ``--dbl-batch`` (and force training's with
+``--dbl-force``) and the conv's with ``--conv-dbl``
 (``--second composed``: the cuda backends' double backward composed from forward and
 backward calls instead of their fused kernels), and the registers of each generated kernel.
 """
@@ -67,6 +68,9 @@ def precompile(a):
     if a.dbl_batch:  # the gradient of |gx|^2 + |gy|^2: the backward pruned to gx, gy, then x, y, w perturbed
         spec = SecondOrder.of((True, True, True, False), (True, True, False))
         kinds += [("tp_backward", schedule.Sums.gradients((True, True, False))), ("tp_backward", schedule.Sums((), spec.dx, spec.dy, spec.dw))]
+    if a.dbl_batch and a.dbl_force:  # every input perturbed, every gradient read: dgz's forward sum too
+        spec = SecondOrder.of((True, True, True, True), (True, True, True))
+        kinds += [("tp_backward", schedule.Sums((), spec.dx, spec.dy, spec.dw)), ("tp_forward", schedule.Sums(spec.dgz))]
     jobs = []
     for name, layout in itertools.product(a.problems.split(","), a.layouts.split(",")):
         desc = jequi.problems.get(name, layout=layout).descriptor.trilinear
@@ -87,6 +91,7 @@ def main():
     ap.add_argument("--backends", default="cuda,pallas")
     ap.add_argument("--tp-batch", type=int, default=0)
     ap.add_argument("--dbl-batch", type=int, default=0)
+    ap.add_argument("--dbl-force", action="store_true", help="with --dbl-batch, also force training's double backward (time_dbl's force)")
     ap.add_argument("--conv", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--conv-dbl", action="store_true", help="also the conv's double backward (tune_conv.time_dbl)")
     ap.add_argument("--backward", action=argparse.BooleanOptionalAction, default=True)
@@ -142,7 +147,8 @@ def main():
                         line += " tp" + time_both(lambda x, y, w: tp(x, y, w, backend=backend), bg, (bx, by, bw), a.backward)
                     if a.dbl_batch:
                         k = a.dbl_batch
-                        line += time_dbl(lambda x, y, w: tp(x, y, w, backend=backend), bg[:k], (bx[:k], by[:k], bw[:k]))
+                        for force in (False, True) if a.dbl_force else (False,):
+                            line += time_dbl(lambda x, y, w: tp(x, y, w, backend=backend), bg[:k], (bx[:k], by[:k], bw[:k]), force)
                 except Exception as exc:  # noqa: BLE001 - report and go on with the next setting
                     line += f" failed: {type(exc).__name__}: {str(exc)[:300]}"
                 if cuda:

@@ -33,8 +33,9 @@ rows, read through L1: measured faster); the gathered rows keep L2. ``gy`` (a su
 channels) is reduced within a warp by a butterfly that halves the values each step, and
 across warps in a fixed order: every kernel is
 deterministic. A product with many programs spreads them over several blocks per node,
-its groups (``Config.block_warps``; a conv kernel's and a batched backward's until their code
-fits the instruction caches, ``Config.code_bytes``). They run group-major (``blockIdx.x = group
+its groups (``Config.block_warps``; a conv kernel's, a batched backward's and the double
+backward's forward sum's until their code fits the instruction caches, ``Config.code_bytes``,
+``Config.batched_code_bytes``). They run group-major (``blockIdx.x = group
 * nodes + node``) in the conv kernels but the float64 forward, in a float64 batched backward (one
 program per block, ``Config.split_float64_backward``) and in a batched kernel whose code does not
 fit otherwise (``Config.batched_group_major``); else node by node (``blockIdx.x = node * groups +

@@ -132,10 +132,15 @@ def _uncapped_enough(desc, dtype, kind, sums, shared, config) -> codegen.Kernel:
 
 def _code_fitting(desc, dtype, kind, sums, shared, config) -> codegen.Kernel:
     """The kernel built with `config`, then with the changes :func:`_narrower` lists in turn,
-    until its code fits ``Config.code_bytes`` (:func:`code_fits`; or each program has its own
-    blocks). A batched forward kind is built as `config` says (see ``Config.code_bytes``)."""
+    until its code fits ``Config.code_bytes`` (a conv kind) or ``Config.batched_code_bytes``
+    (:func:`code_fits`; or each program has its own blocks). A batched forward of one product
+    (not a sum, as the double backward's ``dgz``) is built as `config` says (see
+    ``Config.batched_code_bytes``)."""
     conv = kind.startswith("conv")
-    budget = config.code_bytes if conv or kind.endswith("backward") else 0
+    if conv:
+        budget = config.code_bytes
+    else:
+        budget = config.batched_code_bytes if kind.endswith("backward") or len(sums.out) > 1 else 0
     for c in _narrower(config, conv):
         k = _uncapped_enough(desc, dtype, kind, sums, shared, c)
         if code_fits(k, budget):

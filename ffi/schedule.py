@@ -104,7 +104,7 @@ class Config:
       f32 fwd+bwd 3.266-3.284 ms, 2: 3.313-3.336, 4: 3.334-3.348; f64 6.47 / 6.50 / 6.64; H200).
     * ``block_warps``: warps per block; more programs are spread over several blocks per
       node (:func:`block_groups`); a conv or batched backward kernel's blocks may take fewer
-      (``code_bytes``).
+      (``code_bytes``, ``batched_code_bytes``).
     * ``channels``: the most channels a lane computes (a power of two; at most 16 bytes of
       them, one vector load or store per component). Each lane of a program takes
       :func:`lane_channels` of them: the shared-memory reads of ``A``, the loads, stores and
@@ -135,15 +135,14 @@ class Config:
       one row loses up to 11 % staged (NequIP-OAM ``mul_ir`` 0.399 -> 0.445) and 28 % in
       float64 (NequIP-OAM ``ir_mul`` 0.761 -> 0.974, 176 registers against 128)
       (2026-11-25-h200-forward-rows.md).
-    * ``code_bytes``: the machine code a conv kernel or a batched backward kind may keep
-      running on two neighbouring multiprocessors. A product as wide as NequIP-benzene unrolls
+    * ``code_bytes``: the machine code a conv kernel may keep running on two neighbouring
+      multiprocessors. A product as wide as NequIP-benzene unrolls
       into more code than the instruction caches hold (its float32 conv forward: 218 KB in one
       block; Nsight Compute: 15.3 cycles per issued instruction stalled on instruction fetch,
       10 % of issue slots busy), so :func:`ffi.ops.kernel` builds a conv kernel with
       ``block_warps`` and then fewer warps per block (8, 6, 4, 3, 2, 1) until the code of the
-      groups two multiprocessors run at once fits (0: never split for it); a batched backward
-      kind first with its groups group-major (``batched_group_major``), then with fewer warps
-      per block. A conv kernel's groups run group-major (all nodes' blocks of
+      groups two multiprocessors run at once fits (0: never split for it). A conv kernel's
+      groups run group-major (all nodes' blocks of
       a group before the next group's: one group's code at a time), so that is one group's
       code; node by node (``node_major_float64_conv_forward``), one group per block two
       multiprocessors hold, up to all of them. The budget fits every measurement below, as if
@@ -163,19 +162,42 @@ class Config:
       too: in two groups its float32 fwd+bwd took 3.94 against 3.58. SevenNet's float64
       kernels (182 and 179 KB) now run in two groups, not measured
       (2026-11-26-h100-conv-code-budget.md).
+    * ``batched_code_bytes``: ``code_bytes`` for the batched backward kinds and the double
+      backward's forward sum (``dgz``, which force training runs: ``g`` is then perturbed);
+      :func:`ffi.ops.kernel` builds them first with their groups group-major
+      (``batched_group_major``), then with fewer warps per block. The forward of one product is
+      built as configured: NequIP-benzene's float32 ``mul_ir`` forward (140 KB, one group) lost
+      in two groups of four warps (1.869 -> 2.001 ms; ``ir_mul``'s at 80 KB 1.853 -> 1.897).
+      Stop 38 split the backward kinds at 128 KB: NequIP-benzene's float32 backward (157 KB)
+      and double backward (150 and 210 KB), each in two groups of seven warps node by node, went
+      group-major; H100, 50,000 rows (double backward 20,000), fwd+bwd / dbl ms: ``ir_mul``
+      8.396 / 3.965 -> 6.804 / 2.109, ``mul_ir`` 8.330 / 3.911 -> 6.876 / 2.118
+      (2026-11-26-h100-batched-code-budget.md). Stop 39 added ``dgz`` (NequIP-benzene float32
+      ``ir_mul``: 204 KB in two groups of nine warps, node by node) and gave the batched kinds
+      their own budget, 96 KB (one budget of 96 would split the conv's NequIP-OAM float64
+      kernels, which lose split: see ``code_bytes``). H100, ``benchmarks/tune_cuda.py --dbl-force``, ms of force
+      training's double backward (``dblf``: stop 38 -> ``dgz`` at 128 KB, alternated with stop
+      38's ``ffi`` -> 96 KB, alternated with 128 twice) and of the ``dbl`` above (128 -> 96; at
+      128 its kernels are stop 38's):
 
-      The batched kernels: NequIP-benzene's float32 backward kinds (the backward 157 KB, the
-      double backward's 150 and 210 KB, each in two groups of seven warps, two blocks per
-      multiprocessor, node by node) run group-major at 128 KB (78, 75 and 105 KB a group). H100,
-      50,000 rows (double backward 20,000), fwd / fwd+bwd / dbl ms, 0 -> 128 KB -> 80 KB (at 80
-      the double backward's second kernel takes three groups of five warps): ``ir_mul`` 1.853 /
-      8.396 / 3.965 -> 1.850 / 6.804 / 2.109 -> 1.897 / 6.850 / 2.051; ``mul_ir`` 1.869 / 8.330 /
-      3.911 -> 2.001 / 7.014 / 2.126 -> 2.001 / 7.024 / 2.084. The forward kinds are not split:
-      ``mul_ir``'s float32 forward (140 KB, one group) lost in two groups of four warps (1.869 ->
-      2.001; ``ir_mul``'s at 80 KB 1.853 -> 1.897) (2026-11-26-h100-batched-code-budget.md). Its
-      shared-weight backward kinds (one block of 12 warps, 155-223 KB) run in two groups of six,
-      group-major: not measured (shared weights default to Pallas). Every other product's batched
-      backward kinds fit node by node in both layouts and dtypes, and are unchanged.
+      | product | dblf | dbl |
+      |---|---|---|
+      | NequIP-benzene f32 ``ir_mul`` | 7.272 -> 4.887 -> **3.807** | 2.105 -> **2.048** |
+      | NequIP-benzene f32 ``mul_ir`` | 4.230 -> 3.758 -> **3.605** | 2.124 -> **2.082** |
+      | NequIP-benzene f64 ``ir_mul`` | 9.032 -> **7.185** (unchanged at 96) | 3.945 (unchanged) |
+      | NequIP-benzene f64 ``mul_ir`` | 10.092 -> **6.878** (unchanged at 96) | 3.940 (unchanged) |
+      | SevenNet main f32 ``ir_mul`` | 1.437 (unchanged at 128) -> **1.415** | 0.875 -> **0.808** |
+      | SevenNet main f32 ``mul_ir`` | 1.453 -> 1.433 -> **1.418** | 0.833 -> **0.810** |
+      | SevenNet main f64 ``ir_mul`` | 3.434 (unchanged at 128) -> **3.238** | 1.929 (unchanged) |
+      | SevenNet main f64 ``mul_ir`` | 3.886 -> **3.217** (unchanged at 96) | 1.935 (unchanged) |
+      | NequIP-OAM main f64 ``mul_ir`` | 2.202 (unchanged at 128) -> **2.152** | 1.186 (unchanged) |
+
+      Between 128 and 96 KB only these kernels change in the catalogue's channelwise products
+      (MACE-large, MACE-medium, NequIP-LiPS, NequIP-OAM main, NequIP-benzene, SevenNet main,
+      both layouts and dtypes); at 80 KB NequIP-benzene's are the same as at 96
+      (2026-11-26-h100-force-training-double-backward.md). Shared-weight backward kinds
+      (NequIP-benzene's: one block of 12 warps, 155-223 KB) split too, not measured (shared
+      weights default to Pallas).
     * ``node_major_float64_conv_forward``: a float64 conv forward of several groups runs them
       node by node (a node's blocks side by side). NequIP-benzene, 4 groups: 6.25 ms against
       13.07 group-major (twice each), though no two of its groups share a multiprocessor
@@ -184,8 +206,9 @@ class Config:
       group-major (2 groups: 3.71 against 9.51 node by node).
     * ``batched_group_major``: a batched kernel of several groups runs them group-major (all
       row blocks of a group before the next group's); :func:`ffi.ops.kernel` sets it where a
-      backward kind's code does not fit ``code_bytes`` node by node. A float64 backward with
-      per-row weights runs group-major either way (``split_float64_backward``).
+      backward kind's (or ``dgz``'s) code does not fit ``batched_code_bytes`` node by node. A
+      float64 backward with per-row weights runs group-major either way
+      (``split_float64_backward``).
     """
 
     forward_registers: int = 160
@@ -208,6 +231,7 @@ class Config:
     batched_backward_rows: int = 4
     unstaged_float32_forward_rows: int = 1
     code_bytes: int = 128 * 1024
+    batched_code_bytes: int = 96 * 1024
     node_major_float64_conv_forward: bool = True
     batched_group_major: bool = False
 

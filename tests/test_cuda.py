@@ -15,7 +15,7 @@ from conftest import assert_close, check_batched, random_inputs
 
 import jequi
 from ffi import build, codegen, ops, schedule
-from jequi.autodiff import GGW, GGX, GGY, GZ, W, X, Y
+from jequi.autodiff import GGW, GGX, GGY, GZ, W, X, Y, SecondOrder
 
 ON_GPU = "cuda" in jequi.available_backends()
 gpu = pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU and nvcc (the cuda backend)")
@@ -352,9 +352,10 @@ def _check_higher_orders(tp, backend):
 
 @pytest.fixture
 def small_code_budget(monkeypatch):
-    """A 16 KB ``Config.code_bytes`` (kernels split into several groups); the kernels and traced
-    ops of other settings are neither reused nor left behind."""
-    monkeypatch.setattr(schedule, "DEFAULT", dataclasses.replace(schedule.DEFAULT, code_bytes=16 * 1024))
+    """A 16 KB ``Config.code_bytes`` and ``batched_code_bytes`` (kernels split into several
+    groups); the kernels and traced ops of other settings are neither reused nor left behind."""
+    small = dataclasses.replace(schedule.DEFAULT, code_bytes=16 * 1024, batched_code_bytes=16 * 1024)
+    monkeypatch.setattr(schedule, "DEFAULT", small)
     monkeypatch.setattr(ops, "generated", {})
 
     def clear():
@@ -385,10 +386,11 @@ def test_conv_kernels_split_into_groups(backend, small_code_budget):
 
 @gpu
 def test_batched_backward_kernels_split_into_groups(small_code_budget):
-    """Batched float32 backward kinds whose code does not fit a small ``Config.code_bytes``
-    (group-major, in narrower blocks) against the reference: the gradients with per-row and
-    shared weights, under vmap, and the double backward (float64's run one program per block,
-    group-major, at any budget)."""
+    """Batched float32 backward kinds and the double backward's forward sum (``dgz``) whose
+    code does not fit a small ``Config.batched_code_bytes`` (group-major, in narrower blocks)
+    against the reference: the gradients with per-row and shared weights, under vmap, and the
+    double backward with every input perturbed (float64's backwards run one program per
+    block, group-major, at any budget)."""
     tp = PROBLEMS["vec-ir_mul"]()
     for shared in (False, True):
         check_batched(tp, "cuda", BATCH, np.float32, shared, TOL[np.float32])
@@ -401,14 +403,14 @@ def test_batched_backward_kernels_split_into_groups(small_code_budget):
 
     def second(backend):
         f = lambda *a: tp(*a, backend=backend)  # noqa: E731
-        first = lambda *a: jax.grad(lambda *b: jnp.vdot(f(*b), g), argnums=(0, 1))(*a)  # noqa: E731
-        return jax.jit(jax.grad(lambda *a: sum(jnp.sum(d**2) for d in first(*a)), argnums=(0, 1, 2)))(x, y, w)
+        first = lambda x, y, w, g: jax.grad(lambda *b: jnp.vdot(f(*b), g), argnums=(0, 1, 2))(x, y, w)  # noqa: E731
+        return jax.jit(jax.grad(lambda *a: sum(jnp.sum(d**2) for d in first(*a)), argnums=(0, 1, 2, 3)))(x, y, w, g)
 
-    for a, b, what in zip(second("cuda"), second("xla"), "xyw"):
+    for a, b, what in zip(second("cuda"), second("xla"), ("x", "y", "w", "gz")):
         assert_close(a, b, 1e-4, f"d/d{what}")
-    backward = {(sums, shared): k for (_, _, kind, sums, shared), k in ops.generated.items() if kind == "tp_backward"}
-    assert any(shared for _, shared in backward) and len(backward) >= 3
-    assert all(k.groups > 1 and k.group_major for k in backward.values())
+    split = {(kind, sums, shared): k for (_, _, kind, sums, shared), k in ops.generated.items() if kind == "tp_backward" or len(sums.out) > 1}
+    assert any(shared for *_, shared in split) and len(split) >= 4 and any(kind == "tp_forward" for kind, *_ in split)
+    assert all(k.groups > 1 and k.group_major for k in split.values())
 
 
 @pytest.mark.skipif(build.toolchain_missing() is not None, reason=str(build.toolchain_missing()))
@@ -444,9 +446,10 @@ def test_conv_kernels_take_the_widest_blocks_whose_code_fits(monkeypatch):
 
 @pytest.mark.skipif(build.toolchain_missing() is not None, reason=str(build.toolchain_missing()))
 def test_batched_backward_kernels_go_group_major_then_narrower(monkeypatch):
-    """A batched backward kind whose groups' code does not fit ``Config.code_bytes`` node by
-    node runs them group-major, then in narrower blocks (:func:`ffi.ops._narrower`); a batched
-    forward kind is built as configured whatever its code."""
+    """A batched backward kind whose groups' code does not fit ``Config.batched_code_bytes``
+    node by node runs them group-major, then in narrower blocks (:func:`ffi.ops._narrower`),
+    and so does the double backward's forward sum; the forward of one product is built as
+    configured whatever its code, and no batched kind reads the conv's ``code_bytes``."""
     desc = PROBLEMS["vec-ir_mul"]().descriptor.trilinear
     sums = schedule.Sums().of_kind(True)
     base = schedule.DEFAULT
@@ -457,27 +460,29 @@ def test_batched_backward_kernels_go_group_major_then_narrower(monkeypatch):
         k = ops.kernel(desc, np.float32, "tp_backward")
         builds = [ops._uncapped_enough(desc, np.dtype(np.float32), "tp_backward", sums, False, c)
                   for c in ops._narrower(config, conv=False)]  # fmt: skip
-        fits = [ops.code_fits(b, config.code_bytes) for b in builds]
+        fits = [ops.code_fits(b, config.batched_code_bytes) for b in builds]
         assert k.source == builds[fits.index(True)].source
         return fits.index(True), k
 
     try:
         # two-warp blocks: several groups, node by node all of them on two multiprocessors
-        narrow = dataclasses.replace(base, block_warps=2, code_bytes=0)
+        narrow = dataclasses.replace(base, block_warps=2, batched_code_bytes=0, code_bytes=1024)
         _, whole = kept(narrow)
         assert whole.groups > 1 and not whole.group_major
         group = build.code_bytes(build.cubin(whole.source)) // whole.groups
-        at, k = kept(dataclasses.replace(narrow, code_bytes=group + 1024))
+        at, k = kept(dataclasses.replace(narrow, batched_code_bytes=group + 1024))
         assert at == 1 and k.group_major and k.groups == whole.groups  # the same blocks, group-major
         # twelve-warp blocks: one group of every program; it fits only cut into groups
-        at, k = kept(dataclasses.replace(base, code_bytes=group + 1024))
+        at, k = kept(dataclasses.replace(base, batched_code_bytes=group + 1024))
         assert at > 1 and k.group_major and k.groups > 1
-        tiny = dataclasses.replace(base, code_bytes=1024)
+        tiny = dataclasses.replace(base, batched_code_bytes=1024)
         monkeypatch.setattr(schedule, "DEFAULT", tiny)
         ops.clear()
         forward = ops.kernel(desc, np.float32, "tp_forward")
         assert forward.source == ops._uncapped_enough(desc, np.dtype(np.float32), "tp_forward", schedule.Sums(), False, tiny).source
-        assert not ops.code_fits(forward, tiny.code_bytes)
+        assert not ops.code_fits(forward, tiny.batched_code_bytes)
+        dgz = ops.kernel(desc, np.float32, "tp_forward", schedule.Sums(SecondOrder.of((True,) * 4, (True,) * 3).dgz))
+        assert dgz.group_major and dgz.groups > 1
     finally:
         ops.clear()
 

@@ -146,7 +146,7 @@ def default_backend(desc=None, shared_weights: bool = False, conv: bool = False)
     channelwise cell (MACE-large ``ir_mul`` bwd 0.881 vs 0.991 ms, dbl 0.890 vs 0.934;
     2026-11-24-h200-tp-cuda-second-*.md). The products whose backward lanes hold more (134
     values: NequIP-benzene, SevenNet's main layer) beat Pallas too, NequIP-benzene since its
-    backward kernels run split to fit the instruction caches (``ffi.schedule.Config.code_bytes``):
+    backward kernels run split to fit the instruction caches (``ffi.schedule.Config.batched_code_bytes``):
     float32, 50,000 rows (double backward 20,000), fwd / fwd+bwd / dbl ms, CUDA vs Pallas on
     one H100: NequIP-benzene ``ir_mul`` 1.85 / 6.80 / 2.11 vs 2.01 / 7.24 / 2.43, ``mul_ir``
     1.87 / 6.88 / 2.12 vs 2.10 / 7.81 / 2.46; SevenNet ``ir_mul`` 0.730 / 2.640 / 0.872 vs
