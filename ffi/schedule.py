@@ -135,6 +135,18 @@ class Config:
       one row loses up to 11 % staged (NequIP-OAM ``mul_ir`` 0.399 -> 0.445) and 28 % in
       float64 (NequIP-OAM ``ir_mul`` 0.761 -> 0.974, 176 registers against 128)
       (2026-11-25-h200-forward-rows.md).
+    * ``unstaged_float32_forward_sum_registers``: ``batched_forward_registers`` for a float32
+      batched forward sum that is not staged (``ir_mul``): the double backward's ``dgz``, whose
+      lanes load two ``x``-like and two ``w``-like rows. H100, ``tune_cuda.py --dbl-force``,
+      50,000 rows (double backward 20,000), force training's double backward ms at 96 / 128 /
+      160 / 192 registers: ``ir_mul`` MACE-large 2.109 / 2.019 / 1.657 / 1.611 (its ``dgz``
+      kernel took 934 us at 96, ``mul_ir``'s 430: Nsight Compute), NequIP-benzene 3.808 /
+      3.677 / 3.524 / 3.541, SevenNet main 1.426 / 1.407 / 1.424 / 1.420, NequIP-OAM main 1.029
+      / 1.022 / 1.022 / 1.022, MACE-medium 0.682 / 0.680 / 0.676 / 0.672, NequIP-LiPS 0.697 /
+      0.690 / 0.686 / 0.690. A staged (``mul_ir``) sum keeps ``batched_forward_registers``: at
+      more registers it stayed within 1 % (MACE-large, MACE-medium, NequIP-benzene, NequIP-OAM,
+      NequIP-LiPS) or lost (SevenNet main 1.423 -> 1.458-1.464)
+      (2026-11-26-h100-force-training-double-backward.md).
     * ``code_bytes``: the machine code a conv kernel may keep running on two neighbouring
       multiprocessors. A product as wide as NequIP-benzene unrolls
       into more code than the instruction caches hold (its float32 conv forward: 218 KB in one
@@ -230,6 +242,7 @@ class Config:
     batched_forward_rows: int = 2
     batched_backward_rows: int = 4
     unstaged_float32_forward_rows: int = 1
+    unstaged_float32_forward_sum_registers: int = 192
     code_bytes: int = 128 * 1024
     batched_code_bytes: int = 96 * 1024
     node_major_float64_conv_forward: bool = True

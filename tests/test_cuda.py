@@ -487,6 +487,22 @@ def test_batched_backward_kernels_go_group_major_then_narrower(monkeypatch):
         ops.clear()
 
 
+def test_unstaged_float32_forward_sums_take_their_own_registers():
+    """``Config.unstaged_float32_forward_sum_registers`` shapes the programs of a float32
+    ``ir_mul`` forward sum (the double backward's ``dgz``) and nothing else: not the forward of
+    one product, not a staged (``mul_ir``) sum, not float64."""
+    dgz = schedule.Sums(SecondOrder.of((True,) * 4, (True,) * 3).dgz)
+    few, many = (dataclasses.replace(schedule.DEFAULT, unstaged_float32_forward_sum_registers=r) for r in (64, 192))
+
+    def kernel(layout, dtype, sums, config):
+        desc = jequi.problems.get("mace-large", layout=layout).descriptor.trilinear
+        return codegen.generate(desc, np.dtype(dtype), "tp_forward", sums, False, config)
+
+    assert len(kernel("ir_mul", np.float32, dgz, few).programs) > len(kernel("ir_mul", np.float32, dgz, many).programs)
+    for layout, dtype, sums in (("ir_mul", np.float32, schedule.Sums()), ("mul_ir", np.float32, dgz), ("ir_mul", np.float64, dgz)):
+        assert kernel(layout, dtype, sums, few).source == kernel(layout, dtype, sums, many).source
+
+
 def test_code_fits(monkeypatch, tmp_path):
     """The code two neighbouring multiprocessors run at once: one group's (the kernel's divided
     by its groups) group-major; node by node one group per block the two hold, up to all."""
