@@ -189,8 +189,9 @@ class Config:
       their own budget, 96 KB (one budget of 96 would split the conv's NequIP-OAM float64
       kernels, which lose split: see ``code_bytes``). H100, ``benchmarks/tune_cuda.py --dbl-force``, ms of force
       training's double backward (``dblf``: stop 38 -> ``dgz`` at 128 KB, alternated with stop
-      38's ``ffi`` -> 96 KB, alternated with 128 twice) and of the ``dbl`` above (128 -> 96; at
-      128 its kernels are stop 38's):
+      38's ``ffi`` -> 96 KB, alternated with 128 twice; before
+      ``unstaged_float32_forward_sum_registers``) and of the ``dbl`` above (128 -> 96; at 128
+      its kernels are stop 38's):
 
       | product | dblf | dbl |
       |---|---|---|
