@@ -59,7 +59,8 @@ def child(cell: str, batch: int, dbl_batch: int):
     d1, d2, do = tp.descriptor.dims
     x, y, w, g = gb.random_arrays(jax.random.key(0), dtype, [(batch, d1), (batch, d2), (batch, tp.weight_numel), (batch, do)])
     n = dbl_batch
-    args = {"fwd": (x, y, w), "bwd": (x, y, w, g), "dbl": (x[:n], y[:n], w[:n], g[:n]), "dblf": (x[:n], y[:n], w[:n], g[:n])}[pname]
+    rows = (x[:n], y[:n], w[:n], g[:n])
+    args = {"fwd": (x, y, w), "bwd": (x, y, w, g), "dbl": rows, "dblf": rows}[pname]
     if impl.endswith(gb.IR_MUL):
         roles = ("in1", "in2", None, "out")
         args = tuple(a if role is None else gb.in_layout(tp.descriptor, a, role) for a, role in zip(args, roles))

@@ -273,8 +273,7 @@ class _Kernel:
             programs = schedule.backward_programs(desc, self.dtype, values, channels, self.sums, heaviest)
         else:
             regs = (config.forward_registers if self.conv
-                    else config.unstaged_float32_forward_sum_registers if self.dtype == np.float32 and not self.staged
-                    and len(self.sums.out) > 1
+                    else config.unstaged_float32_forward_sum_registers if self.sums.summed and self.dtype == np.float32 and not self.staged
                     else config.batched_forward_registers)  # fmt: skip
             programs = schedule.forward_programs(desc, self.dtype, regs, channels, self.sums, one_segment=not self.conv)
         self.vector = 16 // self.dtype.itemsize

@@ -140,7 +140,7 @@ def _code_fitting(desc, dtype, kind, sums, shared, config) -> codegen.Kernel:
     if conv:
         budget = config.code_bytes
     else:
-        budget = config.batched_code_bytes if kind.endswith("backward") or len(sums.out) > 1 else 0
+        budget = config.batched_code_bytes if kind.endswith("backward") or sums.summed else 0
     for c in _narrower(config, conv):
         k = _uncapped_enough(desc, dtype, kind, sums, shared, c)
         if code_fits(k, budget):

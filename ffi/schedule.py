@@ -291,6 +291,11 @@ class Sums:
         return self.dx, self.dy, self.dw
 
     @property
+    def summed(self) -> bool:
+        """Whether a forward kind sums several products (the double backward's ``dgz``)."""
+        return len(self.out) > 1
+
+    @property
     def needs(self) -> tuple[bool, bool, bool]:
         return bool(self.dx), bool(self.dy), bool(self.dw)
 

@@ -160,8 +160,7 @@ def default_backend(desc=None, shared_weights: bool = False, conv: bool = False)
     if desc is None:
         return "pallas"
     runs = _cuda_runs(desc)
-    fits = runs and cuda_footprint(desc) <= CUDA_FOOTPRINT
-    if conv and fits and min(p.mul_in1 for p in desc.active_paths) >= CUDA_CONV_MIN_CHANNELS:
+    if conv and runs and cuda_footprint(desc) <= CUDA_FOOTPRINT and min(p.mul_in1 for p in desc.active_paths) >= CUDA_CONV_MIN_CHANNELS:
         return "cuda"
     try:
         BACKENDS["pallas"].check(desc)
