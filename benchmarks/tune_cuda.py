@@ -46,7 +46,7 @@ def registers(desc, dtype) -> str:
     for (d, dt, kind, sums, shared), kernel in ops.generated.items():
         if d == desc and dt == dtype:
             usage = build.resources(build.cubin(kernel.source))
-            full = sums == schedule.Sums().of_kind(kind.endswith("backward"))
+            full = sums == codegen.computed(kind, schedule.Sums())
             out.append(f"{kind}{'' if full else f'[{sums}]'}: {usage['registers']} x {kernel.threads}")
     return ", ".join(out)
 
@@ -68,15 +68,17 @@ def precompile(a):
     if a.dbl_batch:  # the gradient of |gx|^2 + |gy|^2: the backward pruned to gx, gy, then x, y, w perturbed
         spec = SecondOrder.of((True, True, True, False), (True, True, False))
         kinds += [("tp_backward", schedule.Sums.gradients((True, True, False))), ("tp_backward", schedule.Sums((), spec.dx, spec.dy, spec.dw))]
-    if a.dbl_batch and a.dbl_force:  # every input perturbed, every gradient read: dgz's forward sum too
+    if a.dbl_batch and a.dbl_force:  # every input perturbed, every gradient read: dgz too, fused or in its own kernel
         spec = SecondOrder.of((True, True, True, True), (True, True, True))
-        kinds += [("tp_backward", schedule.Sums((), spec.dx, spec.dy, spec.dw)), ("tp_forward", schedule.Sums(spec.dgz))]
+        sums = schedule.Sums(spec.dgz, spec.dx, spec.dy, spec.dw)
+        kinds += [("tp_backward", sums), ("tp_forward", sums), ("tp_second", sums)]
     jobs = []
     for name, layout in itertools.product(a.problems.split(","), a.layouts.split(",")):
         desc = jequi.problems.get(name, layout=layout).descriptor.trilinear
         for values in itertools.product(*(getattr(a, k).split(",") for k in KNOBS)):
             config = dataclasses.replace(schedule.DEFAULT, **{k: int(v) for k, v in zip(KNOBS, values)})
-            jobs += [(desc, kind, sums.of_kind(kind.endswith("backward")), config) for kind, sums in kinds]
+            jobs += [(desc, kind, codegen.computed(kind, sums), config) for kind, sums in kinds
+                     if kind != "tp_second" or schedule.outputs_follow_x(desc)]  # fmt: skip
     with concurrent.futures.ThreadPoolExecutor(os.cpu_count()) as pool:
         list(pool.map(lambda j: ops.make(j[0], np.dtype(a.dtype), j[1], j[2], False, j[3]), jobs))
     print(f"precompiled {len(jobs)} kernels", flush=True)

@@ -15,10 +15,12 @@ from .ops import (
     conv_forward_sum,
     forward,
     forward_sum,
+    fuses_second,
+    second_sum,
     unsupported_reason,
 )
 
 __all__ = [
     "schedule", "available", "backward", "backward_sum", "conv_backward", "conv_backward_sum", "conv_forward",
-    "conv_forward_sum", "forward", "forward_sum", "unsupported_reason",
+    "conv_forward_sum", "forward", "forward_sum", "fuses_second", "second_sum", "unsupported_reason",
 ]  # fmt: skip

@@ -3,6 +3,11 @@
 Four kinds, each one ``extern "C" __global__`` function ``jequi_<kind>``:
 
 * ``tp_forward`` / ``tp_backward``: the batched product; a block owns a chunk of rows.
+* ``tp_second``: a batched backward that also writes the forward sum of its
+  :class:`~.schedule.Sums`' ``out`` (force training's double backward: ``dgz`` beside ``dx, dy,
+  dw``), reading each row's operands once for both. It runs the backward's programs, which own
+  ``x`` segments, so every output segment must be reached from one ``x`` segment
+  (:func:`~.schedule.outputs_follow_x`).
 * ``conv_forward``: a block owns a receiver and walks its edges (receiver order) in chunks,
   keeping the sums in registers and writing the output row once.
 * ``conv_backward``: a block owns a sender and walks its edges (sender order); it writes
@@ -63,12 +68,18 @@ from .schedule import LANES, Program, Sums, Term
 SMEM_BUDGET = 64 * 1024
 CHUNKS = (LANES, 16, 8, 4, 2, 1)
 MAX_THREADS = 1024
-KINDS = ("tp_forward", "tp_backward", "conv_forward", "conv_backward", "conv_atomic_backward")
+KINDS = ("tp_forward", "tp_backward", "tp_second", "conv_forward", "conv_backward", "conv_atomic_backward")
 # C names by operand position (jequi.autodiff's (x, y, w, gz, ggx, ggy, ggw)): the kernel
 # parameter, the prefix of a lane's loaded values, and (y-like operands) the A table's.
 PARAM = {X: "x", Y: "y", W: "w", GZ: "gz", GGX: "ggx", GGY: "ggy", GGW: "ggw"}
 VALUE = {X: "x", W: "w", GGX: "q", GGW: "h"}  # gz's values are always "g"
 TABLE = {Y: "a", GGY: "b"}
+
+
+def computed(kind: str, sums: Sums) -> Sums:
+    """What a `kind` kernel computes of `sums`: a forward kind its ``out``, a backward kind its
+    gradients, ``tp_second`` both."""
+    return sums if kind == "tp_second" else sums.of_kind(kind.endswith("backward"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -236,10 +247,13 @@ class _Kernel:
         assert kind in KINDS, kind
         self.desc, self.kind, self.shared = desc, kind, shared
         self.dtype = np.dtype(dtype)
-        self.backward = kind.endswith("backward")
+        self.fused = kind == "tp_second"
+        self.backward = kind.endswith("backward") or self.fused
         self.conv = kind.startswith("conv")
         self.atomic = kind == "conv_atomic_backward"
-        self.sums = sums.of_kind(self.backward)
+        self.sums = computed(kind, sums)
+        if self.fused and not (self.sums.out and schedule.outputs_follow_x(desc)):
+            raise ValueError(f"tp_second needs a forward sum and output segments each reached from one x segment, not {self.sums} of {desc!r}")
         self.split = not (self.conv or shared) and self.backward and self.dtype == np.float64 and config.split_float64_backward
         self.needs_gx, self.needs_gy, self.needs_gw = self.sums.needs
         self.tables = self.sums.y_likes
@@ -504,22 +518,34 @@ class _Kernel:
             store(s)
 
     def _forward_terms(self, terms: list[Term], channels: int, names: _Names):
-        w = self.w
-        for b in self.tables:
-            pairs = [(a, c) for a, table, c in self.sums.out if table == b]
+        for b in self.forward_tables:
             for t in terms:
-                tag = names.term[id(t)]
-                for i in sorted({i for i, _ in t.entries}):
-                    for c in range(channels):
-                        products = [(names.w(t, c, wp), names.x(t.x, i, c, xp)) for xp, wp in pairs]
-                        w(f"const T wx{_suffix(b)}{tag}_{i}_{c} = {_sum(products)};")
-        for b in self.tables:
+                self._wx(t, b, channels, names)
+        for b in self.forward_tables:
             for t in terms:
-                tag = names.term[id(t)]
-                for (i, k), a in zip(t.entries, self.load_a(t, names, b)):
-                    for c in range(channels):
-                        acc = f"acc{t.out.offset}_{k}_{c}"
-                        w(f"{acc} = fma({a}, wx{_suffix(b)}{tag}_{i}_{c}, {acc});")
+                self._accumulate(t, b, self.load_a(t, names, b), channels, names)
+
+    @property
+    def forward_tables(self) -> list[int]:
+        """The ``A`` tables the forward sum reads."""
+        return sorted({b for _, b, _ in self.sums.out})
+
+    def _wx(self, t: Term, b: int, channels: int, names: _Names):
+        """Term `t`'s ``wx[i, c] = sum w * x`` over the triples of ``A`` table `b`."""
+        tag = names.term[id(t)]
+        pairs = [(a, c) for a, table, c in self.sums.out if table == b]
+        for i in sorted({i for i, _ in t.entries}):
+            for c in range(channels):
+                products = [(names.w(t, c, wp), names.x(t.x, i, c, xp)) for xp, wp in pairs]
+                self.w(f"const T wx{_suffix(b)}{tag}_{i}_{c} = {_sum(products)};")
+
+    def _accumulate(self, t: Term, b: int, entries: list[str], channels: int, names: _Names):
+        """``acc[k, c] += A_b[i, k] wx[i, c]`` over term `t`'s entries (C names, :meth:`load_a`)."""
+        tag = names.term[id(t)]
+        for (i, k), a in zip(t.entries, entries):
+            for c in range(channels):
+                acc = f"acc{t.out.offset}_{k}_{c}"
+                self.w(f"{acc} = fma({a}, wx{_suffix(b)}{tag}_{i}_{c}, {acc});")
 
     def declare_acc(self, segments, channels: int):
         for s in segments:
@@ -540,28 +566,44 @@ class _Kernel:
             w("__syncwarp();")
 
     # --- backward --------------------------------------------------------------------------
-    def backward_math(self, q: int, p: Program, names: _Names, gwrow: str, gyrow: str):
+    def backward_math(self, q: int, p: Program, names: _Names, gwrow: str, gyrow: str, outrow: str | None = None):
         """One edge's (row's) gradients: ``gw`` stored (or summed, shared weights), ``gx``
         added to the ``gx`` sums, ``gy``'s warp sums written to shared memory row `gyrow`.
         Each sum runs over its pairs of :class:`~.schedule.Sums`: per ``A`` table ``b``,
         ``v_b[i] = sum_k A_b[i, k] gz[k]``; ``gx[i] += c v_b[i]`` over the ``(b, c)`` of
         ``dx``; ``gw = sum_i a[i] v_b[i]`` over the ``(a, b)`` of ``dw``; ``gy`` from the
-        coefficients and ``sum c a`` over the ``(a, c)`` of ``dy``."""
+        coefficients and ``sum c a`` over the ``(a, c)`` of ``dy``. ``tp_second`` also sums
+        its ``out`` triples from the same reads of ``A``, each output segment stored to row
+        `outrow` after its program's last term reaching it."""
         w = self.w
         channels = range(p.channels)
         sums = self.sums
-        if self.needs_gx or self.needs_gw:
+        forward = self.forward_tables if self.fused else []
+        last = {id(t.out): t for t in p.terms}
+        if self.needs_gx or self.needs_gw or forward:
             for t in p.terms:
                 tag = names.term[id(t)]
                 rows = sorted({i for i, _ in t.entries})
-                for b in sorted({b for b, _ in sums.dx} | {b for _, b in sums.dw}):
+                if forward and t is next(u for u in p.terms if u.out is t.out):
+                    self.declare_acc([t.out], p.channels)
+                backward = {b for b, _ in sums.dx} | {b for _, b in sums.dw}
+                for b in forward:
+                    self._wx(t, b, p.channels, names)
+                for b in sorted(backward | set(forward)):
+                    entries = self.load_a(t, names, b)
+                    if b in forward:
+                        self._accumulate(t, b, entries, p.channels, names)
+                    if b not in backward:
+                        continue
                     v = {}
-                    for (i, k), a in zip(t.entries, self.load_a(t, names, b)):
+                    for (i, k), a in zip(t.entries, entries):
                         for c in channels:
                             g = names.g(t.out, k, c)
                             v[i, c] = f"fma({a}, {g}, {v[i, c]})" if (i, c) in v else f"{a} * {g}"
                     for (i, c), expr in v.items():
                         w(f"const T v{_suffix(b)}{tag}_{i}_{c} = {expr};")
+                if forward and last[id(t.out)] is t:
+                    self.store_acc(p, outrow, [t.out])
                 if self.needs_gw:
                     for c in channels:
                         expr = _sum((names.x(t.x, i, c, a), f"v{_suffix(b)}{tag}_{i}_{c}") for a, b in sums.dw for i in rows)
@@ -651,10 +693,10 @@ class _Kernel:
         params = [f"const T* __restrict__ {PARAM[pos]}" for pos in self.sums.arrays]
         if self.conv:
             params += [f"const int* __restrict__ {a}" for a in ("order", "other", "offsets")]
-        if not self.backward:
-            params.append("T* __restrict__ out")
-        else:
+        if self.backward:
             params += [f"T* __restrict__ {g}" for g, need in zip(("gx", "gy", "gw"), (self.needs_gx, self.needs_gy, self.needs_gw)) if need]
+        if not self.backward or self.fused:
+            params.append("T* __restrict__ out")
         scalars = ["num_nodes", "num_senders", "num_edges"] if self.conv else ["num_rows"]
         return params + [f"const long long {s}" for s in scalars]
 
@@ -713,7 +755,7 @@ class _Kernel:
                 walked = "(num_nodes + 1)" if self.atomic else "(num_senders + 1)"
                 parts = (walked if self.conv else "(gridDim.x / G)") if self.shared else edges
                 w(f"gw += b * {parts} * NW;")
-        else:
+        if not self.backward or self.fused:
             w(f"out += b * {'num_nodes' if self.conv else rows} * DOUT;")
         if self.conv:
             w("order += b * num_edges;", "other += b * num_edges;")
@@ -823,7 +865,7 @@ class _Kernel:
 
             def math():
                 self._declare_gx(p)
-                self.backward_math(q, p, names, "(gw + (row0 + kk) * NW)", "(gyp + kk * GY)")
+                self.backward_math(q, p, names, "(gw + (row0 + kk) * NW)", "(gyp + kk * GY)", "(out + (row0 + kk) * DOUT)")
                 self._store_gx(p, "(gx + (row0 + kk) * D1)")
 
             pointers = lambda k, sfx: self.operand_rows(sfx, f"(row0 + {k})", f"(row0 + {k})", f"(row0 + {k})")  # noqa: E731
@@ -834,6 +876,8 @@ class _Kernel:
         if self.needs_gy:
             w("__syncthreads();")
             self.gy_finalize("n", "row0 + kk")
+
+    tp_second = tp_backward
 
     def _dropped_edges(self, node: str, last: str):
         """The block of node `last` (one past the walked ones) zeroes the gradients of the

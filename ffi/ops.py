@@ -23,6 +23,12 @@ DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 # MACE-large 1.437 -> 1.458, MACE-medium 0.635 -> 0.654, NequIP-LiPS 0.658 -> 0.648; float32
 # within 3 % either way.
 SPILL_BYTES = {np.dtype(np.float32): 64, np.dtype(np.float64): 0}
+# Spill stores (bytes per thread) up to which the double backward's dgz runs inside its
+# backward kernel (tp_second, :func:`fuses_second`). H100, force training's double backward
+# (20,000 rows, ms, fused / two kernels): SevenNet main float64 (568 bytes) ir_mul 2.901 / 3.250,
+# mul_ir 2.893 / 3.221; NequIP-benzene float64 (1,972 bytes; its backward alone spills 80)
+# ir_mul 7.080 / 7.195, mul_ir 7.215 / 6.878 (2026-11-26-h100-fused-second-order.md).
+FUSED_SPILL_BYTES = 1024
 BACKWARD_PAIRS = BACKWARD.pairs
 # Warps per block a kernel is rebuilt with, in turn, until its code fits (_code_fitting).
 BLOCK_WARPS = (8, 6, 4, 3, 2, 1)
@@ -82,7 +88,7 @@ def kernel(desc, dtype, kind: str, sums: Sums = Sums(), shared: bool = False) ->
     dtype = np.dtype(dtype)
     if dtype not in DTYPES:
         raise ValueError(f"the cuda backend runs float32 and float64, not {dtype}")
-    sums = sums.of_kind(kind.endswith("backward"))
+    sums = codegen.computed(kind, sums)
     key = (desc, dtype, kind, sums, bool(shared))
     if key not in generated:
         generated[key] = make(desc, dtype, kind, sums, shared, schedule.DEFAULT)
@@ -140,7 +146,7 @@ def _code_fitting(desc, dtype, kind, sums, shared, config) -> codegen.Kernel:
     if conv:
         budget = config.code_bytes
     else:
-        budget = config.batched_code_bytes if kind.endswith("backward") or sums.summed else 0
+        budget = 0 if kind == "tp_forward" and not sums.summed else config.batched_code_bytes
     for c in _narrower(config, conv):
         k = _uncapped_enough(desc, dtype, kind, sums, shared, c)
         if code_fits(k, budget):
@@ -214,16 +220,48 @@ def backward_sum(desc, arrays, pairs=BACKWARD_PAIRS):
     """``(gx, gy, gw)``: each the sum of the backward against ``gz = arrays[3]`` over its
     pairs in ``pairs = (gx pairs, gy pairs, gw pairs)`` (positions in ``(x, y, w, gz, ggx,
     ggy, ggw)``, see :class:`~.schedule.Sums`); None for a gradient without pairs."""
+    return _batched_backward(desc, arrays, "tp_backward", Sums((), *pairs))
+
+
+def second_sum(desc, arrays, triples, pairs):
+    """``(gx, gy, gw, out)``: :func:`backward_sum` over `pairs` and :func:`forward_sum` over
+    `triples` in one kernel (``tp_second``), which reads each row's operands once for both;
+    see :func:`fuses_second` for when it runs."""
+    return _batched_backward(desc, arrays, "tp_second", Sums(triples, *pairs))
+
+
+def _batched_backward(desc, arrays, kind: str, sums: Sums):
+    """The results of a batched backward `kind`: the gradients `sums` asks for, then
+    ``tp_second``'s forward sum."""
     x, _, w = arrays[:3]
     n = x.shape[0]
-    d1, d2, _ = desc.dims
+    d1, d2, dout = desc.dims
     shared = w.ndim == 1
-    sums = Sums((), *pairs)
-    k = kernel(desc, x.dtype, "tp_backward", sums, shared)
+    k = kernel(desc, x.dtype, kind, sums, shared)
     blocks = -(-n // k.chunk)
     shapes = [(n, d1), (k.groups, n, d2), (blocks, desc.weight_numel) if shared else (n, desc.weight_numel)]
     outs = [_struct(s, x.dtype) for s, need in zip(shapes, sums.needs) if need]
-    return _gradients(k, sums.needs, _call(k, arrays, outs, blocks * k.groups, [n], zero=_zeroed(desc, sums.needs)), shared)
+    zero = _zeroed(desc, sums.needs)
+    if kind == "tp_second":
+        outs.append(_struct((n, dout), x.dtype))
+        zero += (len(outs) - 1,) if untouched(desc)[2] else ()
+    results = _call(k, arrays, outs, blocks * k.groups, [n], zero=zero)
+    if kind == "tp_second":
+        *results, out = results
+        return (*_gradients(k, sums.needs, results, shared), out)
+    return _gradients(k, sums.needs, results, shared)
+
+
+def fuses_second(desc, dtype, triples, pairs, shared: bool = False) -> bool:
+    """Whether the double backward's ``dgz`` (`triples`) and gradients (`pairs`) run as one
+    kernel (:func:`second_sum`, ``Config.fused_second_order``) rather than two: both wanted,
+    every output segment of `desc` reached from one ``x`` segment
+    (:func:`~.schedule.outputs_follow_x`), and the fused kernel spilling at most
+    :data:`FUSED_SPILL_BYTES` (it is then built, once)."""
+    if not (triples and any(pairs) and schedule.DEFAULT.fused_second_order and schedule.outputs_follow_x(desc)):
+        return False
+    k = kernel(desc, dtype, "tp_second", Sums(triples, *pairs), shared)
+    return build.resources(build.cubin(k.source))["spill_stores"] <= FUSED_SPILL_BYTES
 
 
 def forward(desc, x, y, w):

@@ -222,6 +222,15 @@ class Config:
       backward kind's (or ``dgz``'s) code does not fit ``batched_code_bytes`` node by node. A
       float64 backward with per-row weights runs group-major either way
       (``split_float64_backward``).
+    * ``fused_second_order``: a batched double backward that wants ``dgz`` and gradients
+      (force training's) runs them in one kernel, ``tp_second`` (:func:`ffi.ops.second_sum`),
+      where every output segment is reached from one ``x`` segment (:func:`outputs_follow_x`)
+      and the kernel spills at most ``ffi.ops.FUSED_SPILL_BYTES``; else in two, each reading
+      ``x, y, w`` and the three cotangents. H100, ``tune_cuda.py --dbl-force``, 20,000 rows,
+      ``ir_mul`` ms, fused / two kernels: float32 MACE-medium 0.596 / 0.675, NequIP-LiPS 0.613
+      / 0.688, MACE-large 1.529 / 1.613, NequIP-OAM main 0.926 / 1.016, SevenNet main 1.272 /
+      1.417, NequIP-benzene 3.214 / 3.536; float64 MACE-medium 1.155 / 1.317, MACE-large 2.874
+      / 3.175; ``mul_ir`` alike (2026-11-26-h100-fused-second-order.md).
     """
 
     forward_registers: int = 160
@@ -248,6 +257,7 @@ class Config:
     batched_code_bytes: int = 96 * 1024
     node_major_float64_conv_forward: bool = True
     batched_group_major: bool = False
+    fused_second_order: bool = True
 
 
 DEFAULT = Config()
@@ -439,6 +449,17 @@ def terms(desc: TensorProductDescriptor) -> tuple[Term, ...]:
         for v in range(p.mul_in2):
             out.append(Term(p, v, desc.in1[p.i_in1], desc.in2[p.i_in2], desc.out[p.i_out]))
     return tuple(out)
+
+
+@functools.lru_cache(maxsize=256)
+def outputs_follow_x(desc: TensorProductDescriptor) -> bool:
+    """Whether each output segment of `desc` is reached from one ``x`` segment only (as in
+    every channelwise product of the catalogue: one path per output segment), so that the
+    backward's programs, which own ``x`` segments, own the output segments too."""
+    xs: dict[int, set[int]] = {}
+    for t in terms(desc):
+        xs.setdefault(id(t.out), set()).add(id(t.x))
+    return all(len(v) == 1 for v in xs.values())
 
 
 def _partition(items, cost, size, bins: int, budget: int) -> list[list]:

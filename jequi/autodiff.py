@@ -41,7 +41,8 @@ A backend may fuse the rule (``second`` of :func:`trilinear_op`): the identity's
 described by a :class:`SecondOrder`, in one pass per kind of result. The pallas backend runs
 ``d/dgz`` as one forward-like kernel over up to three triples and ``d/dx, d/dy, d/dw`` as one
 backward-like kernel over up to two pairs each, instead of up to three forward and three
-backward calls (each reading its own copies of ``x, y, w, gz``) and the XLA additions.
+backward calls (each reading its own copies of ``x, y, w, gz``) and the XLA additions. The
+cuda backend's batched product runs both in one kernel where it can (``ffi.ops.second_sum``).
 
 Because the rule above is written with ``op`` and ``op_backward`` themselves, its own VJP
 is again this rule: reverse-mode derivatives of every order need no further kernels (a fused

@@ -34,6 +34,8 @@ PROBLEMS = {
     "vec-ir_mul": lambda: jequi.channelwise("128x0e+64x1o+32x2e", "0e+1o+2e", "0e+1o+2e+3o", layout="ir_mul"),
     # an input segment and output segments that no path reaches: their gradient and values are zero
     "unreached": lambda: jequi.TensorProduct("2x0e+3x1o", "0e+1o", "2x1o+2x0e+3x2e", [(0, 1, 0, "uvu", True)]),
+    # an output segment reached from two x segments (no tp_second: ffi.schedule.outputs_follow_x)
+    "merged": lambda: jequi.TensorProduct("2x0e+2x1o", "0e+1o", "2x1o", [(0, 1, 0, "uvu", True), (1, 0, 0, "uvu", True)]),
 }
 if ON_GPU:
     for n in ("mace-large", "nequip-oam-main", "nequix-first"):
@@ -247,6 +249,9 @@ COMPILE_CASES = [
     ("uvu-in2-mul", np.float64, "conv_forward", SECOND, True),
     ("wide", np.float32, "conv_backward", SECOND, False),
     ("vec", np.float64, "tp_backward", SECOND, True),
+    ("vec-ir_mul", np.float32, "tp_second", SECOND, False),
+    ("vec", np.float64, "tp_second", SECOND, True),
+    ("wide", np.float32, "tp_second", SECOND, False),
     ("uvu", np.float64, "conv_atomic_backward", (True, True, True), True),
     ("vec", np.float32, "conv_atomic_backward", (True, True, True), False),
     ("vec-ir_mul", np.float32, "conv_atomic_backward", (True, False, True), False),
@@ -389,8 +394,8 @@ def test_batched_backward_kernels_split_into_groups(small_code_budget):
     """Batched float32 backward kinds and the double backward's forward sum (``dgz``) whose
     code does not fit a small ``Config.batched_code_bytes`` (group-major, in narrower blocks)
     against the reference: the gradients with per-row and shared weights, under vmap, and the
-    double backward with every input perturbed (float64's backwards run one program per
-    block, group-major, at any budget)."""
+    double backward with every input perturbed, fused (``tp_second``) and not (float64's
+    backwards run one program per block, group-major, at any budget)."""
     tp = PROBLEMS["vec-ir_mul"]()
     for shared in (False, True):
         check_batched(tp, "cuda", BATCH, np.float32, shared, TOL[np.float32])
@@ -408,8 +413,15 @@ def test_batched_backward_kernels_split_into_groups(small_code_budget):
 
     for a, b, what in zip(second("cuda"), second("xla"), ("x", "y", "w", "gz")):
         assert_close(a, b, 1e-4, f"d/d{what}")
-    split = {(kind, sums, shared): k for (_, _, kind, sums, shared), k in ops.generated.items() if kind == "tp_backward" or sums.summed}
-    assert any(shared for *_, shared in split) and len(split) >= 4 and any(kind == "tp_forward" for kind, *_ in split)
+    unfused = dataclasses.replace(schedule.DEFAULT, fused_second_order=False)
+    with pytest.MonkeyPatch.context() as patch:  # dgz in a kernel of its own, tp_forward
+        patch.setattr(schedule, "DEFAULT", unfused)
+        jax.clear_caches()
+        for a, b, what in zip(second("cuda"), second("xla"), ("x", "y", "w", "gz")):
+            assert_close(a, b, 1e-4, f"d/d{what}, unfused")
+    split = {(kind, sums, shared): k for (_, _, kind, sums, shared), k in ops.generated.items() if kind != "tp_forward" or sums.summed}
+    assert any(shared for *_, shared in split) and len(split) >= 5
+    assert {"tp_second", "tp_forward"} <= {kind for kind, *_ in split}
     assert all(k.groups > 1 and k.group_major for k in split.values())
 
 
@@ -483,6 +495,8 @@ def test_batched_backward_kernels_go_group_major_then_narrower(monkeypatch):
         assert not ops.code_fits(forward, tiny.batched_code_bytes)
         dgz = ops.kernel(desc, np.float32, "tp_forward", schedule.Sums(SecondOrder.of((True,) * 4, (True,) * 3).dgz))
         assert dgz.group_major and dgz.groups > 1
+        fused = ops.kernel(desc, np.float32, "tp_second", SECOND)
+        assert fused.group_major and fused.groups > 1
     finally:
         ops.clear()
 
@@ -545,6 +559,35 @@ def test_second_order_sums_name_their_operands():
     assert "build_a" not in gy_only.source.split("jequi_tp_backward")[1]
 
 
+@pytest.mark.skipif(build.toolchain_missing() is not None, reason=str(build.toolchain_missing()))
+def test_tp_second_runs_where_the_outputs_follow_x(monkeypatch):
+    """The double backward's ``dgz`` runs inside its backward kernel (``tp_second``) when both
+    are wanted, ``Config.fused_second_order`` is on, every output segment is reached from one
+    ``x`` segment and the fused kernel spills at most ``FUSED_SPILL_BYTES``; the kernel stores
+    each output segment once, after its last term, and ``tp_second`` refuses a product whose
+    outputs do not follow ``x``."""
+    desc, merged = (PROBLEMS[n]().descriptor.trilinear for n in ("vec-ir_mul", "merged"))
+    assert schedule.outputs_follow_x(desc) and not schedule.outputs_follow_x(merged)
+    fuses = lambda d, triples=SECOND.out, pairs=SECOND.pairs: ops.fuses_second(d, np.float32, triples, pairs)  # noqa: E731
+    assert fuses(desc) and not fuses(merged)
+    assert not fuses(desc, ()) and not fuses(desc, SECOND.out, ((), (), ()))
+    monkeypatch.setattr(ops, "FUSED_SPILL_BYTES", -1)  # no kernel spills fewer bytes
+    assert not fuses(desc)
+    monkeypatch.setattr(ops, "FUSED_SPILL_BYTES", 1024)
+    monkeypatch.setattr(schedule, "DEFAULT", dataclasses.replace(schedule.DEFAULT, fused_second_order=False))
+    assert not fuses(desc)
+    with pytest.raises(ValueError, match="one x segment"):
+        codegen.generate(merged, np.float32, "tp_second", SECOND)
+    with pytest.raises(ValueError, match="forward sum"):
+        codegen.generate(desc, np.float32, "tp_second", SECOND_BENCH)
+    k = codegen.generate(desc, np.float32, "tp_second", SECOND)
+    assert k.arrays == (X, Y, W, GZ, GGX, GGY, GGW) and "T* __restrict__ gw, T* __restrict__ out" in k.source
+    outputs = {t.out.offset for t in schedule.terms(desc)}
+    stores = [line for line in k.source.splitlines() if "(out + (row0 + kk) * DOUT) + bo" in line]
+    assert {int(line.split(" + bo")[1].split(" ")[0]) for line in stores} == outputs
+    assert len(stores) == sum(len(codegen._vectors(s, p.channels)) for p in k.programs for s in p.out_segments)
+
+
 def test_atomic_conv_backward_walks_receivers():
     """The atomic conv backward reads each receiver's cotangent row once (not per edge),
     gathers each edge's sender row and adds ``gx`` to it with vector reductions; the
@@ -562,7 +605,7 @@ def test_atomic_conv_backward_walks_receivers():
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("shared", [False, True])
 @pytest.mark.parametrize("conv", [False, True])
-@pytest.mark.parametrize("name", ["uvu", "uvu-in2-mul", "wide", "vec-ir_mul", "mace-large-ir_mul"] if ON_GPU else [])
+@pytest.mark.parametrize("name", ["uvu", "uvu-in2-mul", "wide", "vec-ir_mul", "merged", "mace-large-ir_mul"] if ON_GPU else [])
 @pytest.mark.parametrize("backend", ["cuda", "cuda-atomic"])
 def test_fused_double_backward_every_term(backend, name, conv, shared, dtype):
     """The VJP of the backward in all of (x, y, w, gz) with all three cotangents nonzero: the
@@ -590,6 +633,10 @@ def test_fused_double_backward_every_term(backend, name, conv, shared, dtype):
         pytest.skip("the batched product runs the cuda backend's kernels")
     for a, b, what in zip(second(backend), second("xla"), ["dx", "dy", "dw", "dgz"]):
         assert_close(a, b, 20 * TOL[dtype], what)
+    if not conv:  # dgz beside the gradients in one kernel where the outputs follow x
+        desc = tp.descriptor.trilinear
+        fused = any(key[0] == desc and key[2] == "tp_second" for key in ops.generated)
+        assert fused == schedule.outputs_follow_x(desc)
 
 
 @gpu
@@ -659,16 +706,17 @@ def test_every_op_zeroes_the_untouched_results(monkeypatch):
         return [jnp.zeros(o.shape, o.dtype) for o in outs] if isinstance(outs, list) else jnp.zeros(outs.shape, outs.dtype)
 
     monkeypatch.setattr(ops, "kernel", lambda desc, dtype, kind, sums=schedule.Sums(), shared=False: codegen.generate(
-        desc, dtype, kind, sums.of_kind(kind.endswith("backward")), shared))  # fmt: skip
+        desc, dtype, kind, codegen.computed(kind, sums), shared))  # fmt: skip
     monkeypatch.setattr(build, "call", launch)
     silent = jequi.TensorProduct("2x0e+2x1o", "0e", "2x0e+2x1o", [(0, 0, 0, "uvu", True), (1, 0, 1, "uvu", True, 0.0)])
     graph = jequi.Graph.build(np.array([0, 1, 2]), np.array([1, 2, 0]), 3)
     # the zero masks of: forward; backward; backward without gx; conv forward; conv backward;
-    # atomic conv backward (which zeroes gx to add into it); the same without gx
+    # atomic conv backward (which zeroes gx to add into it); the same without gx; tp_second
+    # (gx, gy, gw, then the forward sum)
     cases = [
-        (PROBLEMS["uvu"](), [(), (), (), (), (), (0,), ()]),
-        (PROBLEMS["unreached"](), [(0,), (0,), (), (0,), (0,), (0,), ()]),  # the output and gx
-        (silent, [(0,), (0, 2), (1,), (0,), (0, 2), (0, 2), (1,)]),  # the output, gx and gw
+        (PROBLEMS["uvu"](), [(), (), (), (), (), (0,), (), ()]),
+        (PROBLEMS["unreached"](), [(0,), (0,), (), (0,), (0,), (0,), (), (0, 3)]),  # the output and gx
+        (silent, [(0,), (0, 2), (1,), (0,), (0, 2), (0, 2), (1,), (0, 2, 3)]),  # the output, gx and gw
     ]
     for tp, expected in cases:
         desc = tp.descriptor.trilinear
@@ -682,6 +730,7 @@ def test_every_op_zeroes_the_untouched_results(monkeypatch):
         ops.conv_backward(desc, x, y, w, gz, graph)
         ops.conv_backward(desc, x, y, w, gz, graph, atomic=True)
         ops.conv_backward(desc, x, y, w, gz, graph, needs=(False, True, True), atomic=True)
+        ops.second_sum(desc, (x, y, w, gz, x, y, w), SECOND.out, SECOND.pairs)
         assert launches == expected, (tp, launches)
 
 

@@ -37,10 +37,14 @@ def backward(desc, x, y, w, gz, needs=ALL):
 
 
 def second(desc, spec, arrays):
-    """The fused double backward (:class:`jequi.autodiff.SecondOrder`): one forward-like
-    kernel for ``dgz`` over the spec's triples (an ``A`` table per ``y``-like operand) and one
-    backward-like kernel for ``dx, dy, dw`` over its pairs, instead of up to three forward and
-    three backward calls, each reading its own copies of ``x, y, w, gz``."""
+    """The fused double backward (:class:`jequi.autodiff.SecondOrder`): one backward-like
+    kernel for ``dx, dy, dw`` over the spec's pairs that also sums ``dgz`` over its triples
+    (:func:`ffi.second_sum`, where :func:`ffi.fuses_second`), else that kernel and a
+    forward-like one for ``dgz``; instead of up to three forward and three backward calls,
+    each reading its own copies of ``x, y, w, gz``."""
+    pairs = (spec.dx, spec.dy, spec.dw)
+    if ffi.fuses_second(desc, arrays[0].dtype, spec.dgz, pairs, shared=arrays[2].ndim == 1):
+        return ffi.second_sum(desc, arrays, spec.dgz, pairs)
     return spec.evaluate(lambda triples: ffi.forward_sum(desc, arrays, triples), lambda pairs: ffi.backward_sum(desc, arrays, pairs))
 
 
