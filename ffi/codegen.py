@@ -1,6 +1,6 @@
 """CUDA source of jequi's kernels, generated per descriptor from its schedule.
 
-Four kinds, each one ``extern "C" __global__`` function ``jequi_<kind>``:
+Its kinds, each one ``extern "C" __global__`` function ``jequi_<kind>``:
 
 * ``tp_forward`` / ``tp_backward``: the batched product; a block owns a chunk of rows.
 * ``tp_second``: a batched backward that also writes the forward sum of its
@@ -579,14 +579,14 @@ class _Kernel:
         channels = range(p.channels)
         sums = self.sums
         forward = self.forward_tables if self.fused else []
-        last = {id(t.out): t for t in p.terms}
+        backward = {b for b, _ in sums.dx} | {b for _, b in sums.dw}
+        first, last = {id(t.out): t for t in reversed(p.terms)}, {id(t.out): t for t in p.terms}
         if self.needs_gx or self.needs_gw or forward:
             for t in p.terms:
                 tag = names.term[id(t)]
                 rows = sorted({i for i, _ in t.entries})
-                if forward and t is next(u for u in p.terms if u.out is t.out):
+                if forward and first[id(t.out)] is t:
                     self.declare_acc([t.out], p.channels)
-                backward = {b for b, _ in sums.dx} | {b for _, b in sums.dw}
                 for b in forward:
                     self._wx(t, b, p.channels, names)
                 for b in sorted(backward | set(forward)):
