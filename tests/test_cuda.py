@@ -834,6 +834,16 @@ def test_vmap_over_rows_and_graphs():
     w_shared = rng.normal(size=(tp.weight_numel,))
     f = lambda b: jax.vmap(lambda x, y: tp(x, y, w_shared, backend=b))  # noqa: E731
     assert_close(f("cuda")(xs, ys), f("xla")(xs, ys), 1e-12)
+    # force training's second order (dgz inside tp_second) over a batch of row sets
+    ws, gs = rng.normal(size=(3, 20, tp.weight_numel)), rng.normal(size=(3, 20, tp.irreps_out.dim))
+
+    def force(b):
+        first = lambda x, y, w, g: jax.grad(lambda *a: jnp.vdot(tp(*a, backend=b), g), argnums=(0, 1, 2))(x, y, w)  # noqa: E731
+        return jax.vmap(jax.grad(lambda *a: sum(jnp.sum(d**2) for d in first(*a)), argnums=(0, 1, 2, 3)))(xs, ys, ws, gs)
+
+    for a, b, what in zip(force("cuda"), force("xla"), ("x", "y", "w", "g")):
+        assert_close(a, b, 1e-10, f"vmap force training d/d{what}")
+    assert any(kind == "tp_second" for _, _, kind, *_ in ops.generated)
     n, e = 12, 50
     x = rng.normal(size=(3, n, tp.irreps_in1.dim))
     y = rng.normal(size=(3, e, tp.irreps_in2.dim))
