@@ -242,14 +242,13 @@ def _batched_backward(desc, arrays, kind: str, sums: Sums):
     shapes = [(n, d1), (k.groups, n, d2), (blocks, desc.weight_numel) if shared else (n, desc.weight_numel)]
     outs = [_struct(s, x.dtype) for s, need in zip(shapes, sums.needs) if need]
     zero = _zeroed(desc, sums.needs)
-    if kind == "tp_second":
+    fused = kind == "tp_second"
+    if fused:
         outs.append(_struct((n, dout), x.dtype))
         zero += (len(outs) - 1,) if untouched(desc)[2] else ()
     results = _call(k, arrays, outs, blocks * k.groups, [n], zero=zero)
-    if kind == "tp_second":
-        *results, out = results
-        return (*_gradients(k, sums.needs, results, shared), out)
-    return _gradients(k, sums.needs, results, shared)
+    gradients = _gradients(k, sums.needs, results[:-1] if fused else results, shared)
+    return (*gradients, results[-1]) if fused else gradients
 
 
 def fuses_second(desc, dtype, triples, pairs, shared: bool = False) -> bool:
