@@ -8,7 +8,7 @@
         [--backward-chunks auto,1,2,4] [--channel-windows auto,1,2] [--fma 1,0]
         [--chained-forward auto,0,1] [--fused-forward auto,0,1] [--forward-block-rows 16,32]
         [--forward-block-warps 4,8] [--backward-block-rows auto,16] [--backward-block-warps 2,4]
-        [--no-backward] [--dbl-batch 20000]
+        [--fused-second 0,1] [--no-backward] [--dbl-batch 20000] [--dbl-force]
         [--layouts mul_ir,ir_mul]
 
 Knobs (module constants): EDGES_PER_STEP (edges per loop step), ACCUMULATOR_REGISTERS (the
@@ -23,13 +23,14 @@ batched backward's programs per x segment, auto = backward_groups' rule),
 FORWARD_ACCUMULATORS (the batched forward's output elements per thread, any dtype, before a
 split over programs; 0 = a program per segment, auto = forward_groups' rule),
 CHANNEL_WINDOWS (the batched backward's programs per group by x channels, auto =
-channel_windows' rule) and FUSED_FORWARD (the batched forward's multiply-adds fused, auto =
-by dtype) of pallas_kernels.tensor_product; FORWARD_ROWS, FORWARD_WARPS, BACKWARD_ROWS (auto =
+channel_windows' rule), FUSED_FORWARD (the batched forward's multiply-adds fused, auto =
+by dtype) and FUSED_SECOND (the batched double backward's dgz in its backward kernel, where
+fuses_second allows) of pallas_kernels.tensor_product; FORWARD_ROWS, FORWARD_WARPS, BACKWARD_ROWS (auto =
 by dtype) and BACKWARD_WARPS (rows and warps per program) of pallas_kernels.row_blocks;
 FUSED_MULTIPLY_ADD (multiply-adds as one instruction) of pallas_kernels.lowering. Prints conv
 fwd and fwd+bwd ms per setting (unless --no-conv), with --tp-batch the batched product's too,
 and with --dbl-batch the batched product's double backward (gpu_benchmark.py's dbl) on that
-many of those rows. --channelwise adds a product of one's own irreps (jequi.channelwise), e.g.
+many of those rows (with --dbl-force, force training's, gpu_benchmark.py's dblf, which runs dgz). --channelwise adds a product of one's own irreps (jequi.channelwise), e.g.
 a model's convolution.
 --layouts builds every product in each of these layouts (x, y, z and the conv's node arrays).
 """
@@ -71,6 +72,7 @@ KNOBS = {  # option -> (module, constant, parse)
     "fma": (lowering, "FUSED_MULTIPLY_ADD", lambda v: _FLAGS[v]),
     "chained_forward": (conv, "CHAINED_FORWARD", lambda v: None if v == "auto" else _FLAGS[v]),
     "fused_forward": (tensor_product, "FUSED_FORWARD", lambda v: None if v == "auto" else _FLAGS[v]),
+    "fused_second": (tensor_product, "FUSED_SECOND", lambda v: _FLAGS[v]),
     "forward_block_rows": (row_blocks, "FORWARD_ROWS", int),
     "forward_block_warps": (row_blocks, "FORWARD_WARPS", int),
     "backward_block_rows": (row_blocks, "BACKWARD_ROWS", lambda v: None if v == "auto" else int(v)),
@@ -115,11 +117,12 @@ def main():
     ap.add_argument("--dbl-batch", type=int, default=0, help="also time the batched product's double backward")
     ap.add_argument("--conv", action=argparse.BooleanOptionalAction, default=True, help="time the conv")
     ap.add_argument("--backward", action=argparse.BooleanOptionalAction, default=True, help="time fwd+bwd too")
+    ap.add_argument("--dbl-force", action="store_true", help="time force training's double backward (dblf) instead")
     ap.add_argument("--layouts", default="mul_ir", help="comma list of the products' layouts (mul_ir, ir_mul)")
     defaults = {"steps": "1", "accumulators": "64", "forward_warps": "auto", "backward_warps": "auto", "lane_sums": "tile",
                 "edge_splits": "auto", "rows": "auto", "backward_groups": "auto", "forward_accumulators": "auto",
                 "cotangent_layout": conv.COTANGENT_LAYOUT, "backward_chunks": "auto", "channel_windows": "auto",
-                "fma": "1", "chained_forward": "auto", "fused_forward": "auto",
+                "fma": "1", "chained_forward": "auto", "fused_forward": "auto", "fused_second": "1" if tensor_product.FUSED_SECOND else "0",
                 "forward_block_rows": str(row_blocks.FORWARD_ROWS), "forward_block_warps": str(row_blocks.FORWARD_WARPS),
                 "backward_block_rows": "auto", "backward_block_warps": str(row_blocks.BACKWARD_WARPS)}
     for name, default in defaults.items():
@@ -155,7 +158,7 @@ def main():
                 line += " tp" + time_both(lambda x, y, w: tp(x, y, w, backend="pallas"), bg, (bx, by, bw), a.backward)
             if a.dbl_batch:
                 k = a.dbl_batch
-                line += time_dbl(lambda x, y, w: tp(x, y, w, backend="pallas"), bg[:k], (bx[:k], by[:k], bw[:k]))
+                line += time_dbl(lambda x, y, w: tp(x, y, w, backend="pallas"), bg[:k], (bx[:k], by[:k], bw[:k]), a.dbl_force)
             print(f"{name} {a.dtype} {line}", flush=True)
 
 

@@ -27,6 +27,18 @@ def backward_sum(desc, g, arrays, *, terms, shared_weights: bool):
     return kernels_for(desc).backward_sum(desc, g, arrays, terms=terms, shared_weights=shared_weights)
 
 
+def fuses_second(desc, dtype, triples, pairs) -> bool:
+    """Whether :func:`second_sum` runs `desc`'s double backward (:func:`.tensor_product.fuses_second`;
+    the row-block kernels have no fused form)."""
+    return kernels_for(desc) is tensor_product and tensor_product.fuses_second(desc, dtype, triples, pairs)
+
+
+def second_sum(desc, g, arrays, *, triples, terms, shared_weights: bool):
+    """``(gx, gy, gw, dgz)``: :func:`backward_sum` over `terms` and :func:`forward_sum` over
+    `triples` in one kernel (where :func:`fuses_second`)."""
+    return tensor_product.second_sum(desc, g, arrays, triples=triples, terms=terms, shared_weights=shared_weights)
+
+
 def forward(desc, x, y, w):
     """``z (N, out.dim)`` from ``x (N, in1.dim)``, ``y (N, in2.dim)``, ``w (N, nw)`` or ``(nw,)``."""
     return forward_sum(desc, (x, y, w))

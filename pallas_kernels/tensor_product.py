@@ -167,18 +167,18 @@ def slots(segments, window=None) -> list[np.ndarray]:
 
 
 # --- forward ---------------------------------------------------------------------------------
-def forward_values(desc, triples, outputs=None, start=None) -> list:
+def forward_values(desc, triples, outputs=None, start=None, paths=None) -> list:
     """One row of ``z = sum of f(x, y, w) over (x, y, w) in triples`` (rows of
     :class:`Row`): a value per slot of :func:`slots` ``([desc.out[s] for s in outputs])``
     (default: every output segment), added to `start` (a value per slot: a running sum) if
-    given. The first-order forward has one triple; the double backward's ``d gz`` term has
-    up to three (:mod:`jequi.autodiff`)."""
+    given; over `paths` only if given (a partial sum). The first-order forward has one
+    triple; the double backward's ``d gz`` term has up to three (:mod:`jequi.autodiff`)."""
     outputs = range(len(desc.out)) if outputs is None else outputs
     if start is not None:
         assert len(start) == len(slots([desc.out[s] for s in outputs])), "a start value per slot"
         start = iter(start)
     by_out = {}
-    for p in desc.active_paths:
+    for p in desc.active_paths if paths is None else paths:
         by_out.setdefault(p.i_out, []).append(p)
     values = []
     for s in outputs:
@@ -737,6 +737,11 @@ def forward_groups(desc, dtype) -> list[list[int]]:
 FUSED_FORWARD: bool | None = None
 
 
+def fused_forward(dtype) -> bool:
+    """Whether a forward's multiply-adds are fused (:data:`FUSED_FORWARD`)."""
+    return jnp.dtype(dtype) != jnp.float64 if FUSED_FORWARD is None else FUSED_FORWARD
+
+
 @functools.partial(jax.jit, static_argnames=("desc", "terms"))
 def forward_sum(desc, arrays, *, terms=FORWARD_TERMS):
     """``z (N, out.dim) = sum of f(arrays[a], arrays[b], arrays[c]) over (a, b, c) in terms``:
@@ -748,7 +753,7 @@ def forward_sum(desc, arrays, *, terms=FORWARD_TERMS):
     rpp = rows_per_program(desc, n, forward=True)
     dtype = arrays[terms[0][0]].dtype
     groups = forward_groups(desc, dtype)
-    fused = jnp.dtype(dtype) != jnp.float64 if FUSED_FORWARD is None else FUSED_FORWARD
+    fused = fused_forward(dtype)
 
     def kernel(*refs):
         *in_refs, z_ref = refs
@@ -815,27 +820,61 @@ def backward_groups(desc, dtype) -> list[tuple[list[int], list]]:
     return input_groups(desc) if grouped else [(list(range(len(desc.in1))), desc.active_paths)]
 
 
-@functools.partial(jax.jit, static_argnames=("desc", "terms", "shared_weights"))
+# Whether the batched double backward sums ``dgz`` (a forward over its triples) in the
+# backward's programs (:func:`second_sum`, where :func:`fuses_second`) rather than in a forward
+# kernel of its own that reads the rows again. Off until timed on a GPU (tune_conv.py
+# --fused-second 1,0 --dbl-force); the CUDA kernels' fusion gained 5-13 % (ffi.ops.fuses_second).
+FUSED_SECOND = False
+
+
+def fuses_second(desc, dtype, triples, pairs) -> bool:
+    """Whether :func:`second_sum` computes the double backward's ``dgz`` (`triples`) with its
+    gradients (`pairs`): :data:`FUSED_SECOND`, both wanted, the programs not split by channel
+    windows, and their partial ``dgz`` rows (one per program, added after as ``gy``'s) fewer
+    values than the row of ``x, y, w`` the forward kernel would read again."""
+    if not (FUSED_SECOND and triples and any(pairs)) or channel_windows(desc, dtype) != [None]:
+        return False
+    d1, d2, do = desc.dims
+    return len(backward_groups(desc, dtype)) * do <= d1 + d2 + desc.weight_numel
+
+
 def backward_sum(desc, g, arrays, *, terms, shared_weights: bool):
     """``(gx, gy, gw)``: each the sum of the backward over its pairs in ``terms = (gx pairs,
     gy pairs, gw pairs)`` (pairs of positions in `arrays`, which :func:`pairs_of` turns into
     the rows of a :class:`Pairs`) against the output cotangent ``g (N, out.dim)``; None for a
     gradient without pairs. With `shared_weights`, ``gw`` is summed over rows."""
+    return _backward(desc, g, arrays, terms=terms, triples=(), shared_weights=shared_weights)[:3]
+
+
+def second_sum(desc, g, arrays, *, triples, terms, shared_weights: bool):
+    """``(gx, gy, gw, dgz)``: :func:`backward_sum` over `terms` and :func:`forward_sum` over
+    `triples` in one kernel, whose programs read each row's operands once for both (see
+    :func:`fuses_second` for where it pays)."""
+    return _backward(desc, g, arrays, terms=terms, triples=triples, shared_weights=shared_weights)
+
+
+@functools.partial(jax.jit, static_argnames=("desc", "terms", "triples", "shared_weights"))
+def _backward(desc, g, arrays, *, terms, triples, shared_weights: bool):
+    """:func:`backward_sum`, and with `triples` the forward sum over them too (last)."""
     n = g.shape[0]
     d1, d2, do = desc.dims
     nw = desc.weight_numel
     rpp = rows_per_program(desc, n)
     dtype = g.dtype
-    used = used_positions(pair for pairs in terms for pair in pairs)
+    used = used_positions([pair for pairs in terms for pair in pairs] + list(triples))
     needs = tuple(bool(pairs) for pairs in terms)
     windows = channel_windows(desc, dtype)
+    assert not triples or windows == [None], "a channel window's forward would split its outputs' channels"
     groups = [(*group, window) for group in backward_groups(desc, dtype) for window in windows]
     sizes = (d1, len(groups) * d2, nw)
     shapes, unpack = needed_outputs(needs, [jax.ShapeDtypeStruct((n * d,), dtype) for d in sizes])
+    if triples:  # a partial dgz row per program, over its paths
+        shapes.append(jax.ShapeDtypeStruct((len(groups) * n * do,), dtype))
 
     def kernel(g_ref, *refs):
         in_refs, out_refs = refs[: len(used)], refs[len(used) :]
         gx_ref, gy_ref, gw_ref = unpack(out_refs)
+        dgz_ref = out_refs[-1] if triples else None
         group = pl.program_id(1)  # read outside the loops (interpret mode needs it there)
 
         def row(b):
@@ -852,21 +891,27 @@ def backward_sum(desc, g, arrays, *, terms, shared_weights: bool):
                         gx.store([desc.in1[s] for s in segments], storer(gx_ref, b * d1), dtype, window)
                     if gy_ref is not None:
                         gy.store(desc.in2, storer(gy_ref, (gi * n + b) * d2), dtype)
+                    if dgz_ref is not None:
+                        with multiply_adds(fused_forward(dtype)):
+                            values = forward_values(desc, [(r[i], r[j], r[k]) for i, j, k in triples], paths=paths)
+                        store = storer(dgz_ref, (gi * n + b) * do)
+                        for idx, value in zip(slots(desc.out), values):
+                            store(idx, value)
 
         rows_loop(n, rpp, row)
 
     grid = (pl.cdiv(n, rpp), len(groups))
-    gx, gy, gw = unpack(
-        pallas_call(kernel, shapes, grid, batched_warps(desc, backward=True), name="jequi_tp_bwd")(
-            g.reshape(-1), *(arrays[a].reshape(-1) for a in used)
-        )
+    results = pallas_call(kernel, shapes, grid, batched_warps(desc, backward=True), name="jequi_tp_bwd")(
+        g.reshape(-1), *(arrays[a].reshape(-1) for a in used)
     )
+    gx, gy, gw = unpack(results)
     if gy is not None:
         gy = add_parts(gy.reshape(len(groups), n, d2))
     return (
         None if gx is None else gx.reshape(n, d1),
         gy,
         weight_gradient(gw, n, nw, shared_weights),
+        add_parts(results[-1].reshape(len(groups), n, do)) if triples else None,
     )
 
 

@@ -166,6 +166,47 @@ SECOND_ORDER_CASES += [("uvw-rows-sparse", "tp", False, "all")]
 def test_fused_second_order(name, op, shared, spec):
     """The fused double backward (one forward-sum and one backward-sum kernel) computes every
     sum of the seven-op identity, and only the wanted ones, as autodiff of the reference."""
+    _check_second_order(name, op, shared, spec)
+
+
+@pytest.mark.parametrize(
+    "name, shared, spec, grouped",
+    [("uvw", False, "all", False), ("uvw", True, "force-training", True), ("uuw", False, "all", False)],
+)
+def test_dgz_in_the_backward_kernel(name, shared, spec, grouped, fresh_kernels, monkeypatch):
+    """With ``FUSED_SECOND``, the batched double backward sums ``dgz`` in its backward kernel
+    (a partial per program where the backward runs a program per x segment): the same sums as
+    autodiff of the reference."""
+    kernels = pallas_kernels.tensor_product
+    monkeypatch.setattr(kernels, "FUSED_SECOND", True)
+    monkeypatch.setattr(kernels, "BACKWARD_GROUPS", grouped)
+    desc = PROBLEMS[name]().descriptor.trilinear
+    spec_ = SPECS[spec]
+    assert pallas_kernels.fuses_second(desc, np.float64, spec_.dgz, (spec_.dx, spec_.dy, spec_.dw))
+    assert (len(kernels.backward_groups(desc, np.float64)) > 1) == grouped
+    _check_second_order(name, "tp", shared, spec)
+
+
+def test_fuses_second_rule(monkeypatch):
+    """Where the batched double backward's ``dgz`` joins its backward kernel: with the knob on,
+    both wanted, no channel windows, partial rows no wider than a row of ``x, y, w``, and not
+    on the row-block kernels."""
+    kernels = pallas_kernels.tensor_product
+    dgz, pairs = SPECS["all"].dgz, (SPECS["all"].dx, SPECS["all"].dy, SPECS["all"].dw)
+    uvw = PROBLEMS["uvw"]().descriptor.trilinear
+    fuses = pallas_kernels.fuses_second
+    assert not fuses(uvw, np.float32, dgz, pairs)  # off by default
+    monkeypatch.setattr(kernels, "FUSED_SECOND", True)
+    assert fuses(uvw, np.float32, dgz, pairs)
+    assert not fuses(uvw, np.float32, (), pairs) and not fuses(uvw, np.float32, dgz, ((), (), ()))
+    assert not fuses(PROBLEMS["uvw-rows"]().descriptor.trilinear, np.float32, dgz, pairs)
+    # MACE-large: a program per x segment (3), each a partial of 9,216 outputs per row
+    assert not fuses(jequi.problems.get("mace-large").descriptor.trilinear, np.float32, dgz, pairs)
+    monkeypatch.setattr(kernels, "CHANNEL_WINDOWS", 2)
+    assert not fuses(uvw, np.float32, dgz, pairs)
+
+
+def _check_second_order(name, op, shared, spec):
     tp = PROBLEMS[name]()
     desc = tp.descriptor.trilinear
     spec = SPECS[spec]

@@ -30,14 +30,19 @@ def backward(desc, x, y, w, gz, needs=pallas_kernels.ALL):
 
 
 def second(desc, spec, arrays):
-    """The fused double backward (:class:`jequi.autodiff.SecondOrder`): two kernels, one for
-    ``dgz`` (a forward over the spec's triples) and one for ``dx, dy, dw`` (a backward over
-    its pairs against ``gz``). One kernel per gradient instead was slower (H200, dbl of
-    gpu_benchmark.py at 20,000 rows, MACE-large f32 1.195 -> 2.334 ms, NequIP-OAM 0.716 ->
-    1.066; tune_conv.py, benchmarks/results/2026-11-21-h200-ab.md)."""
+    """The fused double backward (:class:`jequi.autodiff.SecondOrder`): one backward-like
+    kernel for ``dx, dy, dw`` over the spec's pairs that also sums ``dgz`` over its triples
+    (:func:`pallas_kernels.second_sum`, where :func:`pallas_kernels.fuses_second`), else that
+    kernel and a forward-like one for ``dgz``. One kernel per gradient instead was slower
+    (H200, dbl of gpu_benchmark.py at 20,000 rows, MACE-large f32 1.195 -> 2.334 ms,
+    NequIP-OAM 0.716 -> 1.066; tune_conv.py, benchmarks/results/2026-11-21-h200-ab.md)."""
+    pairs = (spec.dx, spec.dy, spec.dw)
+    shared = arrays[W].ndim == 1
+    if pallas_kernels.fuses_second(desc, arrays[GZ].dtype, spec.dgz, pairs):
+        return pallas_kernels.second_sum(desc, arrays[GZ], arrays, triples=spec.dgz, terms=pairs, shared_weights=shared)
     return spec.evaluate(
         lambda triples: pallas_kernels.forward_sum(desc, arrays, terms=triples),
-        lambda pairs: pallas_kernels.backward_sum(desc, arrays[GZ], arrays, terms=pairs, shared_weights=arrays[W].ndim == 1),
+        lambda pairs: pallas_kernels.backward_sum(desc, arrays[GZ], arrays, terms=pairs, shared_weights=shared),
     )
 
 
