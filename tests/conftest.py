@@ -69,6 +69,13 @@ def check_batched(tp, backend: str, batch: int, dtype, shared: bool, tol: float)
         assert_close(a, b, tol, f"d/d{what}")
 
 
+def pytest_collection_modifyitems(items):
+    """Tests marked ``slow`` first: under pytest-xdist (the GPU runs, benchmarks/cuda_run.sh)
+    they then start at once beside the others instead of last and alone (on a fresh GPU
+    machine the conv's split-kernel tests, dealt out last, ran past a device command's limit)."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.fixture
 def rng():
     return np.random.default_rng(1234)

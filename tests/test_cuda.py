@@ -375,6 +375,7 @@ def small_code_budget(monkeypatch):
 
 @gpu
 @pytest.mark.parametrize("backend", ["cuda", "cuda-atomic"])
+@pytest.mark.slow
 def test_conv_kernels_split_into_groups(backend, small_code_budget):
     """Conv kernels split into several blocks per node (a small ``Config.code_bytes``),
     group-major and (the float64 forward) node by node, against the reference in every
@@ -390,6 +391,7 @@ def test_conv_kernels_split_into_groups(backend, small_code_budget):
 
 
 @gpu
+@pytest.mark.slow
 def test_batched_backward_kernels_split_into_groups(small_code_budget):
     """Batched float32 backward kinds and the double backward's forward sum (``dgz``) whose
     code does not fit a small ``Config.batched_code_bytes`` (group-major, in narrower blocks)
