@@ -130,12 +130,16 @@ class SecondOrder:
     def __bool__(self) -> bool:
         return bool(self.dgz or self.dx or self.dy or self.dw)
 
+    @property
+    def pairs(self) -> tuple:
+        """``(dx, dy, dw)``: the backward-like sums' pairs, as a backward kernel takes them."""
+        return (self.dx, self.dy, self.dw)
+
     def evaluate(self, forward_sum: Callable, backward_sum: Callable) -> tuple:
         """``(dx, dy, dw, dgz)`` from a backend's pair of fused kernels: ``forward_sum(dgz
         triples)`` and ``backward_sum((dx, dy, dw) pairs)``, each called only where it has
         terms (None where a result is not wanted)."""
-        pairs = (self.dx, self.dy, self.dw)
-        grads = backward_sum(pairs) if any(pairs) else (None,) * 3
+        grads = backward_sum(self.pairs) if any(self.pairs) else (None,) * 3
         return (*grads, forward_sum(self.dgz) if self.dgz else None)
 
 

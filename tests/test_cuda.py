@@ -294,6 +294,17 @@ def test_batched_forward_and_backward(name, shared, dtype):
     check_batched(PROBLEMS[name](), "cuda", BATCH, dtype, shared, TOL[dtype])
 
 
+def force_training_loss(tp, backend):
+    """``loss(x, y, w, g)``: force training's double-backward loss, ``|gx|^2 + |gy|^2 + |gw|^2``
+    of the backward of ``<tp(x, y, w), g>`` on `backend` (its gradient runs ``dgz`` too)."""
+
+    def loss(x, y, w, g):
+        grads = jax.grad(lambda *a: jnp.vdot(tp(*a, backend=backend), g), argnums=(0, 1, 2))(x, y, w)
+        return sum(jnp.sum(d**2) for d in grads)
+
+    return loss
+
+
 def _graph(rng, tp, n, e, dtype, shared=False):
     x = rng.normal(size=(n, tp.irreps_in1.dim)).astype(dtype)
     y = rng.normal(size=(e, tp.irreps_in2.dim)).astype(dtype)
@@ -409,9 +420,7 @@ def test_batched_backward_kernels_split_into_groups(small_code_budget):
     g = np.random.default_rng(3).normal(size=(BATCH, tp.irreps_out.dim)).astype(np.float32)
 
     def second(backend):
-        f = lambda *a: tp(*a, backend=backend)  # noqa: E731
-        first = lambda x, y, w, g: jax.grad(lambda *b: jnp.vdot(f(*b), g), argnums=(0, 1, 2))(x, y, w)  # noqa: E731
-        return jax.jit(jax.grad(lambda *a: sum(jnp.sum(d**2) for d in first(*a)), argnums=(0, 1, 2, 3)))(x, y, w, g)
+        return jax.jit(jax.grad(force_training_loss(tp, backend), argnums=(0, 1, 2, 3)))(x, y, w, g)
 
     for a, b, what in zip(second("cuda"), second("xla"), ("x", "y", "w", "gz")):
         assert_close(a, b, 1e-4, f"d/d{what}")
@@ -840,8 +849,7 @@ def test_vmap_over_rows_and_graphs():
     ws, gs = rng.normal(size=(3, 20, tp.weight_numel)), rng.normal(size=(3, 20, tp.irreps_out.dim))
 
     def force(b):
-        first = lambda x, y, w, g: jax.grad(lambda *a: jnp.vdot(tp(*a, backend=b), g), argnums=(0, 1, 2))(x, y, w)  # noqa: E731
-        return jax.vmap(jax.grad(lambda *a: sum(jnp.sum(d**2) for d in first(*a)), argnums=(0, 1, 2, 3)))(xs, ys, ws, gs)
+        return jax.vmap(jax.grad(force_training_loss(tp, b), argnums=(0, 1, 2, 3)))(xs, ys, ws, gs)
 
     for a, b, what in zip(force("cuda"), force("xla"), ("x", "y", "w", "g")):
         assert_close(a, b, 1e-10, f"vmap force training d/d{what}")

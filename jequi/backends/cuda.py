@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ffi
 
+from ..autodiff import GZ, W
 from ..descriptor import TensorProductDescriptor
 
 ALL = (True, True, True)
@@ -42,9 +43,8 @@ def second(desc, spec, arrays):
     (:func:`ffi.second_sum`, where :func:`ffi.fuses_second`), else that kernel and a
     forward-like one for ``dgz``; instead of up to three forward and three backward calls,
     each reading its own copies of ``x, y, w, gz``."""
-    pairs = (spec.dx, spec.dy, spec.dw)
-    if ffi.fuses_second(desc, arrays[0].dtype, spec.dgz, pairs, shared=arrays[2].ndim == 1):
-        return ffi.second_sum(desc, arrays, spec.dgz, pairs)
+    if ffi.fuses_second(desc, arrays[GZ].dtype, spec.dgz, spec.pairs, shared=arrays[W].ndim == 1):
+        return ffi.second_sum(desc, arrays, spec.dgz, spec.pairs)
     return spec.evaluate(lambda triples: ffi.forward_sum(desc, arrays, triples), lambda pairs: ffi.backward_sum(desc, arrays, pairs))
 
 

@@ -36,10 +36,9 @@ def second(desc, spec, arrays):
     kernel and a forward-like one for ``dgz``. One kernel per gradient instead was slower
     (H200, dbl of gpu_benchmark.py at 20,000 rows, MACE-large f32 1.195 -> 2.334 ms,
     NequIP-OAM 0.716 -> 1.066; tune_conv.py, benchmarks/results/2026-11-21-h200-ab.md)."""
-    pairs = (spec.dx, spec.dy, spec.dw)
     shared = arrays[W].ndim == 1
-    if pallas_kernels.fuses_second(desc, arrays[GZ].dtype, spec.dgz, pairs):
-        return pallas_kernels.second_sum(desc, arrays[GZ], arrays, triples=spec.dgz, terms=pairs, shared_weights=shared)
+    if pallas_kernels.fuses_second(desc, arrays[GZ].dtype, spec.dgz, spec.pairs):
+        return pallas_kernels.second_sum(desc, arrays[GZ], arrays, triples=spec.dgz, terms=spec.pairs, shared_weights=shared)
     return spec.evaluate(
         lambda triples: pallas_kernels.forward_sum(desc, arrays, terms=triples),
         lambda pairs: pallas_kernels.backward_sum(desc, arrays[GZ], arrays, terms=pairs, shared_weights=shared),
