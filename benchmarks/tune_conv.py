@@ -8,7 +8,7 @@
         [--backward-chunks auto,1,2,4] [--channel-windows auto,1,2] [--fma 1,0]
         [--chained-forward auto,0,1] [--fused-forward auto,0,1] [--forward-block-rows 16,32]
         [--forward-block-warps 4,8] [--backward-block-rows auto,16] [--backward-block-warps 2,4]
-        [--fused-second 0,1] [--no-backward] [--dbl-batch 20000] [--dbl-force]
+        [--fused-second auto,0,1] [--no-backward] [--dbl-batch 20000] [--dbl-force]
         [--layouts mul_ir,ir_mul]
 
 Knobs (module constants): EDGES_PER_STEP (edges per loop step), ACCUMULATOR_REGISTERS (the
@@ -25,7 +25,7 @@ split over programs; 0 = a program per segment, auto = forward_groups' rule),
 CHANNEL_WINDOWS (the batched backward's programs per group by x channels, auto =
 channel_windows' rule), FUSED_FORWARD (the batched forward's multiply-adds fused, auto =
 by dtype) and FUSED_SECOND (the batched double backward's dgz in its backward kernel, where
-fuses_second allows) of pallas_kernels.tensor_product; FORWARD_ROWS, FORWARD_WARPS, BACKWARD_ROWS (auto =
+fuses_second allows, auto = by output width) of pallas_kernels.tensor_product; FORWARD_ROWS, FORWARD_WARPS, BACKWARD_ROWS (auto =
 by dtype) and BACKWARD_WARPS (rows and warps per program) of pallas_kernels.row_blocks;
 FUSED_MULTIPLY_ADD (multiply-adds as one instruction) of pallas_kernels.lowering. Prints conv
 fwd and fwd+bwd ms per setting (unless --no-conv), with --tp-batch the batched product's too,
@@ -72,7 +72,7 @@ KNOBS = {  # option -> (module, constant, parse)
     "fma": (lowering, "FUSED_MULTIPLY_ADD", lambda v: _FLAGS[v]),
     "chained_forward": (conv, "CHAINED_FORWARD", lambda v: None if v == "auto" else _FLAGS[v]),
     "fused_forward": (tensor_product, "FUSED_FORWARD", lambda v: None if v == "auto" else _FLAGS[v]),
-    "fused_second": (tensor_product, "FUSED_SECOND", lambda v: _FLAGS[v]),
+    "fused_second": (tensor_product, "FUSED_SECOND", lambda v: None if v == "auto" else _FLAGS[v]),
     "forward_block_rows": (row_blocks, "FORWARD_ROWS", int),
     "forward_block_warps": (row_blocks, "FORWARD_WARPS", int),
     "backward_block_rows": (row_blocks, "BACKWARD_ROWS", lambda v: None if v == "auto" else int(v)),
@@ -122,7 +122,7 @@ def main():
     defaults = {"steps": "1", "accumulators": "64", "forward_warps": "auto", "backward_warps": "auto", "lane_sums": "tile",
                 "edge_splits": "auto", "rows": "auto", "backward_groups": "auto", "forward_accumulators": "auto",
                 "cotangent_layout": conv.COTANGENT_LAYOUT, "backward_chunks": "auto", "channel_windows": "auto",
-                "fma": "1", "chained_forward": "auto", "fused_forward": "auto", "fused_second": "1" if tensor_product.FUSED_SECOND else "0",
+                "fma": "1", "chained_forward": "auto", "fused_forward": "auto", "fused_second": "auto",
                 "forward_block_rows": str(row_blocks.FORWARD_ROWS), "forward_block_warps": str(row_blocks.FORWARD_WARPS),
                 "backward_block_rows": "auto", "backward_block_warps": str(row_blocks.BACKWARD_WARPS)}
     for name, default in defaults.items():

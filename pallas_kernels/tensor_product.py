@@ -822,19 +822,27 @@ def backward_groups(desc, dtype) -> list[tuple[list[int], list]]:
 
 # Whether the batched double backward sums ``dgz`` (a forward over its triples) in the
 # backward's programs (:func:`second_sum`, where :func:`fuses_second`) rather than in a forward
-# kernel of its own that reads the rows again. Off until timed on a GPU (tune_conv.py
-# --fused-second 1,0 --dbl-force); the CUDA kernels' fusion gained 5-13 % (ffi.ops.fuses_second).
-FUSED_SECOND = False
+# kernel of its own that reads the rows again. None: where a row's outputs number at most
+# :data:`SECOND_OUTPUTS`. Each fused program holds its partial ``dgz`` row, every output, beside
+# the backward's sums, where the forward kernel holds one output segment per program in
+# float64 and for ``uvw``. Measured (H200, force training's double backward, 20,000 rows, ms,
+# separate / fused, two runs each, tune_conv.py --fused-second 0,1,0,1 --dbl-force):
+# tetris-poly-2 (7 outputs) float64 0.537 / 0.460, 0.533 / 0.456, float32 0.276 / 0.260, 0.276 /
+# 0.260; DiffDock-L1 (156 outputs) float64 4.177 / 4.996, 4.173 / 5.000, float32 2.272 / 3.974,
+# 2.274 / 3.973.
+FUSED_SECOND: bool | None = None
+SECOND_OUTPUTS = 32
 
 
 def fuses_second(desc, dtype, triples, pairs) -> bool:
     """Whether :func:`second_sum` computes the double backward's ``dgz`` (`triples`) with its
-    gradients (`pairs`): :data:`FUSED_SECOND`, both wanted, the programs not split by channel
-    windows, and their partial ``dgz`` rows (one per program, added after as ``gy``'s) fewer
-    values than the row of ``x, y, w`` the forward kernel would read again."""
-    if not (FUSED_SECOND and triples and any(pairs)) or channel_windows(desc, dtype) != [None]:
-        return False
+    gradients (`pairs`): both wanted, :data:`FUSED_SECOND` (or its rule), the programs not split
+    by channel windows, and their partial ``dgz`` rows (one per program, added after as
+    ``gy``'s) fewer values than the row of ``x, y, w`` the forward kernel would read again."""
     d1, d2, do = desc.dims
+    wanted = do <= SECOND_OUTPUTS if FUSED_SECOND is None else FUSED_SECOND
+    if not (wanted and triples and any(pairs)) or channel_windows(desc, dtype) != [None]:
+        return False
     return len(backward_groups(desc, dtype)) * do <= d1 + d2 + desc.weight_numel
 
 

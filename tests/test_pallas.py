@@ -188,21 +188,25 @@ def test_dgz_in_the_backward_kernel(name, shared, spec, grouped, fresh_kernels, 
 
 
 def test_fuses_second_rule(monkeypatch):
-    """Where the batched double backward's ``dgz`` joins its backward kernel: with the knob on,
-    both wanted, no channel windows, partial rows no wider than a row of ``x, y, w``, and not
-    on the row-block kernels."""
+    """Where the batched double backward's ``dgz`` joins its backward kernel: by default where a
+    row's outputs are few (the knob forces it either way), both wanted, no channel windows,
+    partial rows no wider than a row of ``x, y, w``, and not on the row-block kernels."""
     kernels = pallas_kernels.tensor_product
     dgz, pairs = SPECS["all"].dgz, (SPECS["all"].dx, SPECS["all"].dy, SPECS["all"].dw)
-    uvw = PROBLEMS["uvw"]().descriptor.trilinear
+    uvw = PROBLEMS["uvw"]().descriptor.trilinear  # 20 outputs
+    diffdock = jequi.problems.get("diffdock-l1").descriptor.trilinear  # 156 outputs
     fuses = pallas_kernels.fuses_second
-    assert not fuses(uvw, np.float32, dgz, pairs)  # off by default
+    assert fuses(uvw, np.float32, dgz, pairs) and not fuses(diffdock, np.float32, dgz, pairs)
     monkeypatch.setattr(kernels, "FUSED_SECOND", True)
-    assert fuses(uvw, np.float32, dgz, pairs)
+    assert fuses(diffdock, np.float64, dgz, pairs)
     assert not fuses(uvw, np.float32, (), pairs) and not fuses(uvw, np.float32, dgz, ((), (), ()))
     assert not fuses(PROBLEMS["uvw-rows"]().descriptor.trilinear, np.float32, dgz, pairs)
     # MACE-large: a program per x segment (3), each a partial of 9,216 outputs per row
     assert not fuses(jequi.problems.get("mace-large").descriptor.trilinear, np.float32, dgz, pairs)
     monkeypatch.setattr(kernels, "CHANNEL_WINDOWS", 2)
+    assert not fuses(uvw, np.float32, dgz, pairs)
+    monkeypatch.setattr(kernels, "CHANNEL_WINDOWS", None)
+    monkeypatch.setattr(kernels, "FUSED_SECOND", False)
     assert not fuses(uvw, np.float32, dgz, pairs)
 
 
