@@ -140,7 +140,7 @@ def _second_order_reference(f, spec, arrays):
     dgz = total([f(*(arrays[i] for i in t)) for t in spec.dgz])
     grads = [
         total([slot_grad(slot, arrays[a], arrays[b]) for a, b in pairs])
-        for slot, pairs in enumerate((spec.dx, spec.dy, spec.dw))
+        for slot, pairs in enumerate(spec.pairs)
     ]
     return (*grads, dgz)
 
@@ -164,7 +164,8 @@ SECOND_ORDER_CASES += [("uvw-rows-sparse", "tp", False, "all")]
 
 @pytest.mark.parametrize("name, op, shared, spec", SECOND_ORDER_CASES)
 def test_fused_second_order(name, op, shared, spec):
-    """The fused double backward (one forward-sum and one backward-sum kernel) computes every
+    """The fused double backward (a backward-sum kernel, with a forward-sum one for ``dgz`` or
+    ``dgz`` inside it by :func:`pallas_kernels.fuses_second`'s rule) computes every
     sum of the seven-op identity, and only the wanted ones, as autodiff of the reference."""
     _check_second_order(name, op, shared, spec)
 
@@ -182,7 +183,7 @@ def test_dgz_in_the_backward_kernel(name, shared, spec, grouped, fresh_kernels, 
     monkeypatch.setattr(kernels, "BACKWARD_GROUPS", grouped)
     desc = PROBLEMS[name]().descriptor.trilinear
     spec_ = SPECS[spec]
-    assert pallas_kernels.fuses_second(desc, np.float64, spec_.dgz, (spec_.dx, spec_.dy, spec_.dw))
+    assert pallas_kernels.fuses_second(desc, np.float64, spec_.dgz, spec_.pairs)
     assert (len(kernels.backward_groups(desc, np.float64)) > 1) == grouped
     _check_second_order(name, "tp", shared, spec)
 
@@ -192,7 +193,7 @@ def test_fuses_second_rule(monkeypatch):
     row's outputs are few (the knob forces it either way), both wanted, no channel windows,
     partial rows no wider than a row of ``x, y, w``, and not on the row-block kernels."""
     kernels = pallas_kernels.tensor_product
-    dgz, pairs = SPECS["all"].dgz, (SPECS["all"].dx, SPECS["all"].dy, SPECS["all"].dw)
+    dgz, pairs = SPECS["all"].dgz, SPECS["all"].pairs
     uvw = PROBLEMS["uvw"]().descriptor.trilinear  # 20 outputs
     diffdock = jequi.problems.get("diffdock-l1").descriptor.trilinear  # 156 outputs
     fuses = pallas_kernels.fuses_second
