@@ -61,9 +61,19 @@ def _functions(tp):
     }
 
 
-@pytest.mark.parametrize("shared", [False, True])
-@pytest.mark.parametrize("order", [first, second, third])
-@pytest.mark.parametrize("name", list(PROBLEMS))
+# On CPU every product runs the xla backend, whose code is per mode (its einsums) and the same at
+# every order (the third differentiates the rule's calls of it): there "mixed", which has the
+# modes of the other two, runs shared weights and the third order.
+DERIVATIVE_CASES = [
+    (name, order, shared)
+    for name in PROBLEMS
+    for order in (first, second, third)
+    for shared in (False, True)
+    if name == "mixed" or (not shared and order is not third) or jequi.default_backend() != "xla"
+]
+
+
+@pytest.mark.parametrize("name, order, shared", DERIVATIVE_CASES)
 def test_derivatives(name, order, shared):
     tp = PROBLEMS[name]()
     x, y, w = random_inputs(tp, 3, shared=shared)
