@@ -48,11 +48,11 @@ if ON_GPU:
 
 TOL = {np.float32: 5e-5, np.float64: 1e-11}
 
-# In interpret mode the dtype changes only the forward's output groups (forward_groups) and the
-# backward's row blocks (one at BATCH rows either way), and shared weights only the weights' loads
-# and gw's sum over rows: there a mode runs per-row weights in float64 and shared ones in float32,
-# and a variant of a mode (in2 multiplicity, l = 6, layout, sparsity) once. Compiled, both change
-# more (warps, fused multiply-adds, channel windows).
+# For these problems, in interpret mode the dtype changes only the forward's output groups
+# (forward_groups) and the backward's row blocks (one at BATCH rows either way), and shared weights
+# only the weights' loads and gw's sum over rows: there a mode runs per-row weights in float64 and
+# shared ones in float32, and a variant of a mode (in2 multiplicity, l = 6, layout, sparsity) once.
+# On the GPU every pair runs: Triton compiles each dtype's code (its fused multiply-adds among it).
 CPU_CASES = {
     "uvu-in2-mul": [(True, np.float64)],
     "l6": [(False, np.float64)],
@@ -72,6 +72,18 @@ FORWARD_BACKWARD_CASES = [
 @pytest.mark.parametrize("name, shared, dtype", FORWARD_BACKWARD_CASES)
 def test_forward_and_backward(name, shared, dtype):
     check_batched(PROBLEMS[name](), "pallas", BATCH, dtype, shared, TOL[dtype])
+
+
+@pytest.mark.skipif(ON_GPU, reason="the GPU runs every dtype, and its problems' rules read it")
+def test_cpu_cases_leave_out_no_dtype_rule():
+    """CPU_CASES runs one dtype per mode and weights: that covers each kernel while the
+    problems' backward groups and channel windows (rules that read the dtype) are the same in
+    either dtype."""
+    kernels = pallas_kernels.tensor_product
+    for name, make in PROBLEMS.items():
+        desc = make().descriptor.trilinear
+        for rule in (kernels.backward_groups, kernels.channel_windows):
+            assert rule(desc, np.float32) == rule(desc, np.float64), (name, rule.__name__)
 
 
 @pytest.mark.parametrize("name", ["uvu", "uvw", "uvw-rows"])
