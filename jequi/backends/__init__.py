@@ -114,7 +114,8 @@ def resolve(name: str | None, desc, shared_weights: bool = False, conv: bool = F
 # channels, 134 values) stays on Pallas: with its CUDA kernels split to fit the instruction
 # caches (ffi.schedule.Config.code_bytes), carbon float32 ir_mul fwd / fwd+bwd 3.66 / 12.94 ms
 # against Pallas' 2.86 / 11.58 (cuEquivariance 4.38 / 14.36; H100, one process,
-# 2026-11-26-h100-batched-code-budget.md); jequi.models' product (64/32/16 channels, a
+# 2026-11-26-h100-batched-code-budget.md), water float32 ir_mul fwd+bwd 15.33 against Pallas'
+# 11.45 ms (H200, 2026-11-26-h200-conv-final-notes.md); jequi.models' product (64/32/16 channels, a
 # 512-node batch) ran inference 2x and the training step 2.8x slower
 # (2026-11-23-nvidia-h200-model-cuda.md).
 CUDA_CONV_MIN_CHANNELS = 128
