@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import build, codegen, schedule
-from .schedule import BACKWARD, FORWARD, LANES, Sums
+from .schedule import FORWARD, LANES, Sums
 
 DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 # Spill stores (bytes per thread), by dtype, a kernel under the register cap of
@@ -29,7 +29,6 @@ SPILL_BYTES = {np.dtype(np.float32): 64, np.dtype(np.float64): 0}
 # mul_ir 2.893 / 3.221; NequIP-benzene float64 (1,972 bytes; its backward alone spills 80)
 # ir_mul 7.080 / 7.195, mul_ir 7.215 / 6.878 (2026-11-26-h100-fused-second-order.md).
 FUSED_SPILL_BYTES = 1024
-BACKWARD_PAIRS = BACKWARD.pairs
 # Warps per block a kernel is rebuilt with, in turn, until its code fits (_code_fitting).
 BLOCK_WARPS = (8, 6, 4, 3, 2, 1)
 
@@ -216,7 +215,7 @@ def _gradients(k, needs, results, shared: bool):
     return gx, gy, gw
 
 
-def backward_sum(desc, arrays, pairs=BACKWARD_PAIRS):
+def backward_sum(desc, arrays, pairs):
     """``(gx, gy, gw)``: each the sum of the backward against ``gz = arrays[3]`` over its
     pairs in ``pairs = (gx pairs, gy pairs, gw pairs)`` (positions in ``(x, y, w, gz, ggx,
     ggy, ggw)``, see :class:`~.schedule.Sums`); None for a gradient without pairs."""
@@ -283,7 +282,7 @@ def conv_forward_sum(desc, arrays, graph, triples=FORWARD.out):
     return _call(k, arrays, out, graph.num_nodes * k.groups, scalars, indices, zero)
 
 
-def conv_backward_sum(desc, arrays, graph, pairs=BACKWARD_PAIRS, atomic: bool = False):
+def conv_backward_sum(desc, arrays, graph, pairs, atomic: bool = False):
     """:func:`backward_sum` of the fused convolution over `graph`: ``gx`` per sender, ``gy``
     and ``gw`` per edge. `atomic`: from a receiver walk that adds ``gx`` with atomics (fewer
     bytes through L2, not bitwise deterministic; ``codegen``'s ``conv_atomic_backward``)."""

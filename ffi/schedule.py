@@ -22,11 +22,10 @@ import functools
 import numpy as np
 
 from jequi.autodiff import GZ, W, X, Y
-from jequi.descriptor import Path, Segment, TensorProductDescriptor
+from jequi.descriptor import CG_ZERO, Path, Segment, TensorProductDescriptor
 
 LANES = 32
 SUPPORTED_MODES = ("uvu",)
-_ZERO = 1e-12
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,8 +50,9 @@ class Config:
       (2026-11-25-h200-batched-forward-segments.md); see the next knob.
     * ``batched_float64_forward_registers`` / ``batched_float64_forward_rows``: a float64
       batched forward is built a second time with these registers and rows per block (0
-      registers: not), and :func:`ffi.ops.kernel` keeps the build with more warps resident
-      per multiprocessor, on a tie the one with fewer programs, then this one. No one setting
+      registers: not), and :func:`ffi.ops.kernel` keeps the build that does not spill (more
+      than ``ffi.ops.SPILL_BYTES``), then the one with more warps resident per multiprocessor,
+      on a tie the one with fewer programs, then this one. No one setting
       wins (``ir_mul``, 50,000 rows, H200, ms, 256 registers and one row against 96 and two):
       NequIP-benzene 2.682 against 2.828 (96 registers cut it into three times the programs),
       NequIP-OAM 0.999 against 0.754 (254 registers x 224 threads, 7 resident warps against
@@ -180,18 +180,18 @@ class Config:
       (``batched_group_major``), then with fewer warps per block. The forward of one product is
       built as configured: NequIP-benzene's float32 ``mul_ir`` forward (140 KB, one group) lost
       in two groups of four warps (1.869 -> 2.001 ms; ``ir_mul``'s at 80 KB 1.853 -> 1.897).
-      Stop 38 split the backward kinds at 128 KB: NequIP-benzene's float32 backward (157 KB)
+      Commit 9372383 split the backward kinds at 128 KB: NequIP-benzene's float32 backward (157 KB)
       and double backward (150 and 210 KB), each in two groups of seven warps node by node, went
       group-major; H100, 50,000 rows (double backward 20,000), fwd+bwd / dbl ms: ``ir_mul``
       8.396 / 3.965 -> 6.804 / 2.109, ``mul_ir`` 8.330 / 3.911 -> 6.876 / 2.118
-      (2026-11-26-h100-batched-code-budget.md). Stop 39 added ``dgz`` (NequIP-benzene float32
+      (2026-11-26-h100-batched-code-budget.md). Commit e8bd86e added ``dgz`` (NequIP-benzene float32
       ``ir_mul``: 204 KB in two groups of nine warps, node by node) and gave the batched kinds
       their own budget, 96 KB (one budget of 96 would split the conv's NequIP-OAM float64
       kernels, which lose split: see ``code_bytes``). H100, ``benchmarks/tune_cuda.py --dbl-force``, ms of force
-      training's double backward (``dblf``: stop 38 -> ``dgz`` at 128 KB, alternated with stop
-      38's ``ffi`` -> 96 KB, alternated with 128 twice; before
+      training's double backward (``dblf``: 9372383 -> ``dgz`` at 128 KB, alternated with
+      9372383's ``ffi`` -> 96 KB, alternated with 128 twice; before
       ``unstaged_float32_forward_sum_registers``) and of the ``dbl`` above (128 -> 96; at 128
-      its kernels are stop 38's):
+      its kernels are 9372383's):
 
       | product | dblf | dbl |
       |---|---|---|
@@ -363,18 +363,18 @@ class Term:
     @functools.cached_property
     def entries(self) -> tuple[tuple[int, int], ...]:
         """The ``(i, k)`` of ``A`` that some coefficient reaches, ``i``-major."""
-        nz = np.abs(self.cg).max(axis=1) > _ZERO
+        nz = np.abs(self.cg).max(axis=1) > CG_ZERO
         return tuple((int(i), int(k)) for i, k in zip(*np.nonzero(nz)))
 
     def entry_terms(self, i: int, k: int) -> list[tuple[int, float]]:
         """``A[i, k] = sum of coeff * y[position]`` over these ``(position, coeff)``."""
         col = self.cg[i, :, k]
-        return [(int(self.y_positions[j]), float(col[j])) for j in np.nonzero(np.abs(col) > _ZERO)[0]]
+        return [(int(self.y_positions[j]), float(col[j])) for j in np.nonzero(np.abs(col) > CG_ZERO)[0]]
 
     @functools.cached_property
     def nonzeros(self) -> tuple[tuple[int, int, int, float], ...]:
         """``(i, j, k, coeff)`` of the nonzero coefficients, ``(i, k)``-major."""
-        i, j, k = np.nonzero(np.abs(self.cg) > _ZERO)
+        i, j, k = np.nonzero(np.abs(self.cg) > CG_ZERO)
         order = np.lexsort((j, k, i))
         return tuple((int(i[n]), int(j[n]), int(k[n]), float(self.cg[i[n], j[n], k[n]])) for n in order)
 
@@ -444,7 +444,7 @@ def terms(desc: TensorProductDescriptor) -> tuple[Term, ...]:
     out = []
     for p in desc.active_paths:
         assert p.mode == "uvu" and p.has_weight, p
-        if not np.any(np.abs(p.cg) > _ZERO):
+        if not np.any(np.abs(p.cg) > CG_ZERO):
             continue
         for v in range(p.mul_in2):
             out.append(Term(p, v, desc.in1[p.i_in1], desc.in2[p.i_in2], desc.out[p.i_out]))

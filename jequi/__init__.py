@@ -13,7 +13,7 @@ training and a shipped model: :mod:`jequi.models`.
 from . import problems
 from .atoms import edge_vectors, graph_from_atoms, radius_edges
 from .backends import available_backends, default_backend
-from .descriptor import Path, Segment, SparsePlan, TensorProductDescriptor
+from .descriptor import Path, Segment, TensorProductDescriptor
 from .graph import Graph
 from .irreps import Irrep, Irreps
 from .tensor_product import TensorProduct, channelwise, fully_connected
@@ -26,7 +26,6 @@ __all__ = [
     "Irreps",
     "Path",
     "Segment",
-    "SparsePlan",
     "TensorProduct",
     "TensorProductDescriptor",
     "available_backends",

@@ -11,8 +11,8 @@ each of ``x``, ``y`` and ``w``. A backend therefore only has to provide
 where ``aux`` are non-differentiable operands (graph indices). :func:`trilinear_op` wraps
 them as two ``jax.custom_vjp`` functions:
 
-* ``op``, whose VJP calls ``backward``;
-* ``op_backward``, whose VJP is the OpenEquivariance identity (Bharadwaj et al. 2025,
+* ``apply``, whose VJP calls ``backward``;
+* ``backward_op``, whose VJP is the OpenEquivariance identity (Bharadwaj et al. 2025,
   eqs. 3.4-3.5). With cotangents ``(ggx, ggy, ggw)`` of ``(gx, gy, gw)``::
 
       d/dgz = f(ggx, y, w) + f(x, ggy, w) + f(x, y, ggw)          (3 forward calls)
@@ -41,10 +41,11 @@ A backend may fuse the rule (``second`` of :func:`trilinear_op`): the identity's
 described by a :class:`SecondOrder`, in one pass per kind of result. The pallas backend runs
 ``d/dgz`` as one forward-like kernel over up to three triples and ``d/dx, d/dy, d/dw`` as one
 backward-like kernel over up to two pairs each, instead of up to three forward and three
-backward calls (each reading its own copies of ``x, y, w, gz``) and the XLA additions. The
-cuda backend's batched product runs both in one kernel where it can (``ffi.ops.second_sum``).
+backward calls (each reading its own copies of ``x, y, w, gz``) and the XLA additions. Both
+backends' batched products run both sums in one kernel where it pays
+(``pallas_kernels.fuses_second``, ``ffi.ops.fuses_second``).
 
-Because the rule above is written with ``op`` and ``op_backward`` themselves, its own VJP
+Because the rule above is written with ``apply`` and ``backward_op`` themselves, its own VJP
 is again this rule: reverse-mode derivatives of every order need no further kernels (a fused
 second order is differentiated through the composed rule).
 ``jit`` works because everything is traceable; ``vmap`` works because custom_vjp functions

@@ -8,8 +8,8 @@ normalization, layout)` problem:
 * where every irrep block lives in the flat inputs and output (:class:`Segment`, for the
   ``mul_ir`` and ``ir_mul`` layouts),
 * the flat weight layout (e3nn's instruction order, each path's weights row-major),
-* a :class:`SparsePlan`: the nonzero CG entries of all paths with normalization folded in,
-  grouped per output segment, for kernel generators.
+* each path's nonzero CG entries with its normalization folded in (:meth:`Path.nonzeros`),
+  which the kernel generators unroll.
 
 Backends read these fields; none of them recomputes a CG value or a normalization factor.
 The normalization formulas are those of ``e3nn_jax.legacy.FunctionalTensorProduct``.
@@ -37,7 +37,7 @@ IRREP_NORMALIZATIONS = ("component", "norm", "none")
 _NAMED_EXPONENTS = {"element": 0.0, "path": 1.0}
 
 #: Entries of |CG| below this (relative to 1) are e3nn's numerical noise, not structure.
-_CG_ZERO = 1e-12
+CG_ZERO = 1e-12
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,30 +131,8 @@ class Path:
 
     def nonzeros(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """``(i, j, k, coeff)`` of the nonzero CG entries, ordered by ``k`` then ``(i, j)``."""
-        k, i, j = np.nonzero(np.abs(self.cg.transpose(2, 0, 1)) > _CG_ZERO)
+        k, i, j = np.nonzero(np.abs(self.cg.transpose(2, 0, 1)) > CG_ZERO)
         return i, j, k, self.cg[i, j, k]
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class SparsePlan:
-    """All nonzero CG entries of a descriptor, one row per entry (B3/Insum-style metadata).
-
-    Rows are sorted by output segment, then path, then output component ``k``; the rows of
-    output segment ``s`` are ``segment_ptr[s]:segment_ptr[s + 1]`` (CSR over output
-    segments). ``coeff`` has the path normalization folded in. Per-path offsets into x, y, w
-    and z are on the descriptor's :class:`Path` and :class:`Segment` objects.
-    """
-
-    path: np.ndarray
-    i: np.ndarray
-    j: np.ndarray
-    k: np.ndarray
-    coeff: np.ndarray
-    segment_ptr: np.ndarray
-
-    @property
-    def nnz(self) -> int:
-        return int(self.path.shape[0])
 
 
 def _exponent(value, name: str) -> float:
@@ -368,8 +346,7 @@ class TensorProductDescriptor:
         if all(p.has_weight for p in self.paths):
             return self
         new = copy.copy(self)
-        for cached in ("trilinear", "sparse_plan"):
-            new.__dict__.pop(cached, None)
+        new.__dict__.pop("trilinear", None)  # the cached view of self, not of new
         paths, offset = [], self.weight_numel
         for p in self.paths:
             if not p.has_weight:
@@ -380,19 +357,3 @@ class TensorProductDescriptor:
         new.paths, new.weight_numel, new._key = tuple(paths), offset, self._key + ("trilinear",)
         return new
 
-    @functools.cached_property
-    def sparse_plan(self) -> SparsePlan:
-        ordered = sorted(self.active_paths, key=lambda p: (p.i_out, p.index))
-        blocks = [(np.full(len(nz[0]), p.index), *nz) for p in ordered for nz in [p.nonzeros()]]
-        counts = np.zeros(len(self.irreps_out), dtype=np.int64)
-        for p, block in zip(ordered, blocks):
-            counts[p.i_out] += len(block[0])
-        cols = [np.concatenate([b[f] for b in blocks]) if blocks else np.zeros(0) for f in range(5)]
-        return SparsePlan(
-            path=cols[0].astype(np.int32),
-            i=cols[1].astype(np.int32),
-            j=cols[2].astype(np.int32),
-            k=cols[3].astype(np.int32),
-            coeff=cols[4].astype(np.float64),
-            segment_ptr=np.concatenate([[0], np.cumsum(counts)]).astype(np.int64),
-        )

@@ -3,9 +3,12 @@
 GPU: Pallas' Triton lowering. The kernels need in-kernel gathers and scatters with vectors
 of static indices (every irrep block is read and written channel-wise at a stride) and, for
 the fused convolution, indexed atomics; Mosaic GPU (JAX's default GPU lowering since 0.11)
-has neither (BASELINES.md). The Triton lowering is marked deprecated in JAX 0.11-0.12 but
-works; its deprecation warning is filtered here, deliberately and by its exact message (it
-is raised when a jitted caller lowers, so it cannot be caught around our call alone). To move to Mosaic GPU or to the CUDA FFI path, replace :func:`pallas_call` only.
+has neither (the project's shared BASELINES.md, outside this repository). The Triton lowering
+is marked deprecated in JAX 0.11-0.12 but works; its deprecation warning is filtered here,
+deliberately and by its exact message (it is raised when a jitted caller lowers, so it cannot
+be caught around our call alone). To move the kernels to Mosaic GPU, replace
+:func:`pallas_call` and :func:`fma` (Triton's inline assembly); the CUDA kernels of the
+``cuda`` backends (``ffi/``) are generated apart.
 
 CPU: ``interpret=True`` (the same kernels, slowly, for tests).
 

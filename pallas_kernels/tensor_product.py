@@ -486,7 +486,7 @@ def input_groups(desc) -> list[tuple[list[int], list]]:
 
 
 # The batched backward's programs per group, each for a window of x channels: None, the rule
-# of :func:`channel_windows`; a number forces that many (tune_conv.py --channel-windows).
+# of :func:`channel_windows`; a number forces at most that many (tune_conv.py --channel-windows).
 CHANNEL_WINDOWS: int | None = None
 
 

@@ -21,7 +21,7 @@ def test_catalogue_problem(name, dtype):
 
 
 def test_baseline_dims():
-    # dims = (in1, in2, out, weights) as listed in BASELINES.md
+    # dims = (in1, in2, out, weights) as listed in the project's BASELINES.md (outside this repository)
     expected = {
         "mace-large": (1152, 16, 9088, 2176),
         "mace-medium": (512, 16, 3328, 1024),

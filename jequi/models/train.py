@@ -125,7 +125,7 @@ def train(
 
     @jax.jit
     def step(params, opt_state, b):
-        (loss, metrics), grads = jax.value_and_grad(errors, has_aux=True)(params, config, b, energy_weight, force_weight)
+        (_, metrics), grads = jax.value_and_grad(errors, has_aux=True)(params, config, b, energy_weight, force_weight)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, metrics
 
