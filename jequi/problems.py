@@ -2,8 +2,9 @@
 
 The problems of OpenEquivariance's ``benchmark/problems.py`` (MACE, NequIP, NequIP-OAM,
 Nequix, SevenNet, DiffDock, e3nn's tetris and tetris-poly, e3tools) and of the project's
-BASELINES.md (its measured peers' speeds, kept outside this repository), built with :func:`jequi.channelwise` (MACE's ``uvu`` construction) or
-:func:`jequi.fully_connected` (``uvw``). Used by the tests and the benchmarks::
+BASELINES.md (its measured peers' speeds, kept outside this repository), built with
+:func:`jequi.channelwise` (MACE's ``uvu`` construction) or :func:`jequi.fully_connected`
+(``uvw``). Used by the tests and the benchmarks::
 
     tp = jequi.problems.get("mace-large")
 """
