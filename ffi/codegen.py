@@ -692,12 +692,16 @@ class _Kernel:
     def params(self) -> list[str]:
         params = [f"const T* __restrict__ {PARAM[pos]}" for pos in self.sums.arrays]
         if self.conv:
-            params += [f"const int* __restrict__ {a}" for a in ("order", "other", "offsets")]
+            params += [f"const int* __restrict__ {a}" for a in ("order", "other", "offsets", "rows", "slots")]
         if self.backward:
-            params += [f"T* __restrict__ {g}" for g, need in zip(("gx", "gy", "gw"), (self.needs_gx, self.needs_gy, self.needs_gw)) if need]
+            grads = ("gx", "gxe", "gy", "gw") if self.conv and not self.atomic else ("gx", "gy", "gw")
+            needs = {"gx": self.needs_gx, "gxe": self.needs_gx, "gy": self.needs_gy, "gw": self.needs_gw}
+            params += [f"T* __restrict__ {g}" for g in grads if needs[g]]
         if not self.backward or self.fused:
             params.append("T* __restrict__ out")
-        scalars = ["num_nodes", "num_senders", "num_edges"] if self.conv else ["num_rows"]
+            if self.conv:
+                params.append("T* __restrict__ extra")
+        scalars = ["num_nodes", "num_senders", "num_edges", "num_parts", "num_extras"] if self.conv else ["num_rows"]
         return params + [f"const long long {s}" for s in scalars]
 
     def source(self) -> str:
@@ -749,17 +753,20 @@ class _Kernel:
             w(f"gz += b * {'num_nodes' if self.conv else rows} * DOUT;")
             if self.needs_gx:
                 w(f"gx += b * {'num_senders' if self.conv else rows} * D1;")
+                if self.conv and not self.atomic:
+                    w("gxe += b * num_extras * D1;")
             if self.needs_gy:
                 w(f"gy += (b * G + group) * {edges} * D2;")
             if self.needs_gw:
-                walked = "(num_nodes + 1)" if self.atomic else "(num_senders + 1)"
-                parts = (walked if self.conv else "(gridDim.x / G)") if self.shared else edges
+                parts = ("num_parts" if self.conv else "(gridDim.x / G)") if self.shared else edges
                 w(f"gw += b * {parts} * NW;")
         if not self.backward or self.fused:
             w(f"out += b * {'num_nodes' if self.conv else rows} * DOUT;")
+            if self.conv:
+                w("extra += b * num_extras * DOUT;")
         if self.conv:
             w("order += b * num_edges;", "other += b * num_edges;")
-            w(f"offsets += b * ({'num_senders + 2' if self.backward and not self.atomic else 'num_nodes + 1'});")
+            w("offsets += b * (num_parts + 1);", "rows += b * num_parts;", "slots += b * num_parts;")
 
     def _programs(self, body):
         """Each program's code, run by its warps."""
@@ -808,9 +815,15 @@ class _Kernel:
 
         self._programs(body)
 
+    def _row_part(self, row: str):
+        """The block's part of a row (:class:`jequi.graph.RowParts`): the row (C name `row`), its
+        edges ``start .. end``, and ``slot``, where its partial sums go."""
+        self.w(f"const int {row} = rows[node], slot = slots[node];", "const int start = offsets[node], end = offsets[node + 1];")
+
     def conv_forward(self):
         w = self.w
-        w("const int r = node;", "const int start = offsets[r], end = offsets[r + 1];")
+        self._row_part("r")
+        w("T* const dst = slot < num_nodes ? out + (long long)slot * DOUT : extra + (long long)(slot - num_nodes) * DOUT;")
 
         def body(q, p, names):
             self.declare_acc(p.out_segments, p.channels)
@@ -820,7 +833,7 @@ class _Kernel:
                 self.forward_math(p, names)
 
             self._receiver_walk(p, names, math)
-            self.store_acc(p, "(out + (long long)r * DOUT)", p.out_segments)
+            self.store_acc(p, "dst", p.out_segments)
 
         self._programs(body)
 
@@ -880,8 +893,8 @@ class _Kernel:
     tp_second = tp_backward
 
     def _dropped_edges(self, node: str, last: str):
-        """The block of node `last` (one past the walked ones) zeroes the gradients of the
-        dropped edges (an index out of range), which no walk reaches, and returns."""
+        """The blocks of row `last` (one past the walked ones) zero the gradients of the dropped
+        edges (an index out of range), which no walk reaches, each its part of them, and return."""
         w = self.w
         with w.block(f"if ({node} == {last})"):
             w("// the dropped edges (an index out of range): zero gradients")
@@ -892,13 +905,15 @@ class _Kernel:
                 if self.needs_gw and not self.shared and self.gi == 0:
                     w("for (int j = lane; j < NW; j += 32) gw[e * NW + j] = 0;")
             if self.needs_gw and self.shared and self.gi == 0:
-                w(f"for (int j = threadIdx.x; j < NW; j += blockDim.x) gw[(long long){node} * NW + j] = 0;")
+                w("for (int j = threadIdx.x; j < NW; j += blockDim.x) gw[(long long)node * NW + j] = 0;")
             w("return;")
 
     def conv_backward(self):
         w = self.w
-        w("const int s = node;", "const int start = offsets[s], end = offsets[s + 1];")
+        self._row_part("s")
         self._dropped_edges("s", "num_senders")
+        if self.needs_gx:
+            w("T* const gxdst = slot < num_senders ? gx + (long long)slot * D1 : gxe + (long long)(slot - num_senders - 1) * D1;")
 
         def body(q, p, names):
             self._declare_gx(p)
@@ -922,14 +937,14 @@ class _Kernel:
                 if self.needs_gy:
                     self.gy_finalize("n", "s_edge[kk]")
                     w("__syncthreads();")
-            self._store_gx(p, "(gx + (long long)s * D1)")
-            self._store_shared_gw(p, names, "(gw + (long long)s * NW)")
+            self._store_gx(p, "gxdst")
+            self._store_shared_gw(p, names, "(gw + (long long)node * NW)")
 
         self._programs(body)
 
     def conv_atomic_backward(self):
         w = self.w
-        w("const int r = node;", "const int start = offsets[r], end = r < num_nodes ? offsets[r + 1] : (int)num_edges;")
+        self._row_part("r")
         self._dropped_edges("r", "num_nodes")
 
         def body(q, p, names):
@@ -949,7 +964,7 @@ class _Kernel:
                     w("__syncthreads();")
 
             self._receiver_walk(p, names, math, gy_rows)
-            self._store_shared_gw(p, names, "(gw + (long long)r * NW)")
+            self._store_shared_gw(p, names, "(gw + (long long)node * NW)")
 
         self._programs(body)
 

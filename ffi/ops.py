@@ -11,6 +11,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jequi.graph import RowParts, part_edges, row_parts
+from pallas_kernels.conv import add_extras
+
 from . import build, codegen, schedule
 from .schedule import FORWARD, LANES, Sums
 
@@ -270,16 +273,29 @@ def backward(desc, x, y, w, gz, needs=(True, True, True)):
     return backward_sum(desc, (x, y, w, gz), Sums.gradients(needs).pairs)
 
 
+def _parts(offsets, graph) -> RowParts:
+    """The row parts the conv kernels' blocks walk (:func:`jequi.graph.row_parts`: hubs split)."""
+    return row_parts(offsets, graph.num_edges, part_edges(offsets.shape[-1] - 1, graph.num_edges))
+
+
+def _conv_call(k, arrays, graph, parts: RowParts, order, other, outs, zero):
+    """Run conv kernel `k`, a block per row part and group, on its operands, `order` and
+    `other` (the walk's edge order and the other end of each edge) and the parts."""
+    scalars = [graph.num_nodes, graph.num_senders, graph.num_edges, parts.num_parts, max(1, parts.num_extras)]
+    indices = (order, other, parts.offsets, parts.rows, parts.slots)
+    return _call(k, arrays, outs, parts.num_parts * k.groups, scalars, indices, zero)
+
+
 def conv_forward_sum(desc, arrays, graph, triples=FORWARD.out):
     """:func:`forward_sum` of the fused convolution over `graph`: ``x``-like rows gathered by
-    sender, the sums of each receiver's edges."""
+    sender, the sums of each receiver's edges (hubs in parts, their partial sums added after)."""
     x, _, w = arrays[:3]
     k = kernel(desc, x.dtype, "conv_forward", Sums(triples, (), (), ()), shared=w.ndim == 1)
-    indices = (graph.receiver_order, graph.receiver_senders, graph.receiver_offsets)
-    scalars = [graph.num_nodes, graph.num_senders, graph.num_edges]
-    out = _struct((graph.num_nodes, desc.dims[2]), x.dtype)
-    zero = (0,) if untouched(desc)[2] else ()
-    return _call(k, arrays, out, graph.num_nodes * k.groups, scalars, indices, zero)
+    parts = _parts(graph.receiver_offsets, graph)
+    outs = [_struct((graph.num_nodes, desc.dims[2]), x.dtype), _struct((max(1, parts.num_extras), desc.dims[2]), x.dtype)]
+    zero = (0, 1) if untouched(desc)[2] else ()
+    out, extras = _conv_call(k, arrays, graph, parts, graph.receiver_order, graph.receiver_senders, outs, zero)
+    return add_extras(out, extras, parts.firsts)
 
 
 def conv_backward_sum(desc, arrays, graph, pairs, atomic: bool = False):
@@ -292,15 +308,23 @@ def conv_backward_sum(desc, arrays, graph, pairs, atomic: bool = False):
     sums = Sums((), *pairs)
     k = kernel(desc, x.dtype, "conv_atomic_backward" if atomic else "conv_backward", sums, shared)
     ns, e = graph.num_senders, graph.num_edges
-    walked = graph.num_nodes if atomic else ns  # blocks: one per walked node and one for the dropped edges
-    shapes = [(ns, d1), (k.groups, e, d2), (walked + 1, desc.weight_numel) if shared else (e, desc.weight_numel)]
-    outs = [_struct(s, x.dtype) for s, need in zip(shapes, sums.needs) if need]
-    if atomic:
-        indices = (graph.receiver_order, graph.receiver_senders, graph.receiver_offsets)
+    if atomic:  # the receivers' CSR with the dropped edges as a last row
+        offsets = jnp.concatenate([graph.receiver_offsets, jnp.full(graph.receiver_offsets.shape[:-1] + (1,), e, jnp.int32)], -1)
+        order, other = graph.receiver_order, graph.receiver_senders
     else:
-        indices = (graph.sender_order, graph.sender_receivers, graph.sender_offsets)
-    zero = tuple(sorted({*_zeroed(desc, sums.needs), *((0,) if atomic and sums.needs[0] else ())}))
-    results = _call(k, arrays, outs, (walked + 1) * k.groups, [graph.num_nodes, ns, e], indices, zero)
+        offsets, order, other = graph.sender_offsets, graph.sender_order, graph.sender_receivers
+    parts = _parts(offsets, graph)
+    shapes = [(ns, d1), (k.groups, e, d2), (parts.num_parts, desc.weight_numel) if shared else (e, desc.weight_numel)]
+    outs = [_struct(s, x.dtype) for s, need in zip(shapes, sums.needs) if need]
+    zero = {*_zeroed(desc, sums.needs), *((0,) if atomic and sums.needs[0] else ())}
+    extras = not atomic and sums.needs[0]
+    if extras:  # the gx partial sums of the senders' parts past their first, after gx
+        outs.insert(1, _struct((max(1, parts.num_extras), d1), x.dtype))
+        zero = {i + (i > 0) for i in zero} | ({1} if 0 in zero else set())
+    results = list(_conv_call(k, arrays, graph, parts, order, other, outs, tuple(sorted(zero))))
+    if extras:
+        gx, gx_extras = results[:2]
+        results[:2] = [add_extras(gx, gx_extras, parts.firsts[..., : ns + 1])]
     return _gradients(k, sums.needs, results, shared)
 
 

@@ -147,3 +147,77 @@ def _sorted_on_host(senders, receivers, num_nodes: int, num_senders: int) -> boo
         return False
     valid = np.all((s >= 0) & (s < num_senders) & (r >= 0) & (r < num_nodes))
     return bool(valid and np.all(np.diff(r) >= 0))
+
+
+# --- rows split into parts: what a conv kernel's program walks ---------------------------------
+# A row (a receiver's or a sender's edges, or the bucket of dropped edges) longer than
+# HUB_FACTOR times the mean row is split into parts of at most that many edges, so no program
+# walks a hub (or a padding bucket) alone while the others idle; below MIN_PART_EDGES edges a
+# part is not worth its fixup.
+HUB_FACTOR = 2
+MIN_PART_EDGES = 8
+
+
+def part_edges(num_rows: int, num_edges: int, fill_edges: int | None = None) -> int:
+    """The most edges one program walks (static): :data:`HUB_FACTOR` times the mean row, or
+    `fill_edges` where that is smaller (a kernel's choice to split rows of a graph too small to
+    fill the GPU), but at least :data:`MIN_PART_EDGES`."""
+    most = HUB_FACTOR * -(-num_edges // max(num_rows, 1))
+    if fill_edges is not None:
+        most = min(most, fill_edges)
+    return max(MIN_PART_EDGES, most)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class RowParts:
+    """A CSR's rows cut into parts of at most ``most`` edges, in edge order: the work items of a
+    conv kernel (one program each). ``P`` parts (a static bound, ``rows + edges // most``; the
+    parts past the last real one are empty), fields:
+
+    * ``offsets`` ``(P + 1,)``: part ``p`` walks edges ``offsets[p]:offsets[p + 1]`` of the CSR's
+      order (consecutive parts of a row are consecutive ranges);
+    * ``rows`` ``(P,)``: the row each part belongs to (the last row for the empty ones);
+    * ``slots`` ``(P,)``: where a part writes its partial sum: its row for a row's first part,
+      else ``num_rows + e`` for its index ``e`` among the other parts (an *extra*);
+    * ``firsts`` ``(num_rows + 1,)``: row ``r``'s parts are ``firsts[r]:firsts[r + 1]``, so its
+      extras are ``firsts[r] - r : firsts[r + 1] - r - 1``;
+    * ``num_rows`` (static).
+
+    The partial sums are added in part order (:func:`pallas_kernels.conv.add_extras`): the split
+    depends on the graph alone, so results stay bitwise reproducible.
+    """
+
+    offsets: jax.Array
+    rows: jax.Array
+    slots: jax.Array
+    firsts: jax.Array
+    num_rows: int = dataclasses.field(default=0, metadata=dict(static=True))
+
+    @property
+    def num_parts(self) -> int:
+        return self.rows.shape[-1]
+
+    @property
+    def num_extras(self) -> int:
+        """Rows of the extras buffer (``num_parts - num_rows``)."""
+        return self.num_parts - self.num_rows
+
+
+def row_parts(offsets, num_edges: int, most: int) -> RowParts:
+    """:class:`RowParts` of the CSR ``offsets`` (``(rows + 1,)``, edges ``offsets[r]:offsets[r +
+    1]`` of row ``r``; edges past ``offsets[-1]`` are not walked) with at most `most` edges a part.
+    Runs under ``jit`` and ``vmap``."""
+    num_rows = offsets.shape[-1] - 1
+    offsets = offsets.astype(jnp.int32)
+    counts = offsets[1:] - offsets[:-1]
+    parts = jnp.maximum(1, -(-counts // most))
+    firsts = jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(parts).astype(jnp.int32)])
+    bound = num_rows + num_edges // most  # sum of max(1, ceil(c / most)) <= rows + sum(c) / most
+    p = jnp.arange(bound, dtype=jnp.int32)
+    real = p < firsts[-1]
+    row = jnp.clip(jnp.searchsorted(firsts, p, side="right").astype(jnp.int32) - 1, 0, num_rows - 1)
+    part = p - firsts[row]
+    starts = jnp.where(real, offsets[row] + part * most, offsets[-1])
+    slots = jnp.where(real & (part == 0), row, num_rows + p - row - 1)
+    return RowParts(jnp.concatenate([starts, offsets[-1:]]), row, slots.astype(jnp.int32), firsts, num_rows)

@@ -33,10 +33,13 @@ from jax.experimental import pallas as pl
 
 from jequi.descriptor import layout_positions
 
+from jequi.graph import RowParts, part_edges, row_parts
+
 from . import tensor_product
 from .lowering import pallas_call
 from .tensor_product import (
     ALL,
+    _iota,
     FORWARD_TERMS,
     Row,
     add_parts,
@@ -51,7 +54,6 @@ from .tensor_product import (
     output_groups,
     pairs_of,
     row_refs,
-    rows_loop,
     slots,
     storer,
     used_positions,
@@ -116,44 +118,67 @@ def _edge_loop(start, end, body, init, kahan):
 # float32 32, 64 and 128 ran within 5 % of each other.
 ACCUMULATOR_REGISTERS = 64
 
-# Rows whose edges several programs share. A conv has one program per row (and output or
-# input group): on a small graph that leaves the GPU mostly idle (a 512-atom batch: 512
-# programs for 132 SMs, each walking ~42 edges in sequence). With ``splits`` parts, program
-# part p takes the p-th of ``splits`` equal slices of the row's edges and writes a partial sum;
-# the partials are added in a fixed order (deterministic). The rule (EDGE_SPLITS None) doubles
-# the parts while the grid has fewer than SPLIT_MIN_WARPS warps (about half of what an
-# H100/H200 holds resident) and each part keeps at least SPLIT_MIN_EDGES edges on average.
-# Measured (H200, f32, 500-atom copper, 21,000 edges, the model's channelwise product; tune_conv
-# --edge-splits): fwd+bwd 0.191 ms with 1 part, 0.134 with 2, 0.129 with 4 (the rule's
-# choice), 0.173 with 8; the forward unchanged (0.073-0.080 ms).
-EDGE_SPLITS: int | None = None
-SPLIT_MIN_WARPS = 4096
-SPLIT_MIN_EDGES = 8
-MAX_EDGE_SPLITS = 8
+# Parts of rows on a graph too small to fill the GPU: a conv has a program per row part (and
+# output or input group), and a 512-atom batch has 512 rows for 132 SMs, each walking ~42
+# edges in sequence. :func:`fill_edges` lowers the most edges per part
+# (:func:`jequi.graph.part_edges`) until the grid has about FILL_WARPS warps (half of what an
+# H100/H200 holds resident); the parts' partial sums are added in a fixed order (:func:`add_extras`).
+# Measured with uniform splits of every row (H200, f32, 500-atom copper, 21,000 edges, the
+# model's channelwise product): fwd+bwd 0.191 ms whole, 0.134 in 2 parts, 0.129 in 4,
+# 0.173 in 8 (benchmarks/results/2026-11-21-h200-tune.md).
+FILL_WARPS = 4096
 
 
-def edge_splits(num_rows: int, num_edges: int, programs_per_row: int, warps: int) -> int:
-    """Parts per row (see :data:`EDGE_SPLITS`)."""
-    if EDGE_SPLITS is not None:
-        return EDGE_SPLITS
-    splits = 1
-    while (
-        0 < num_rows
-        and splits < MAX_EDGE_SPLITS
-        and num_rows * programs_per_row * splits * warps < SPLIT_MIN_WARPS
-        and num_edges >= 2 * splits * SPLIT_MIN_EDGES * num_rows
-    ):
-        splits *= 2
-    return splits
+def fill_edges(num_edges: int, programs_per_part: int, warps: int) -> int:
+    """Edges per part that give the grid about :data:`FILL_WARPS` warps."""
+    return -(-num_edges * programs_per_part * warps // FILL_WARPS)
 
 
-def _part(off_ref, row, part, splits: int):
-    """``[start, end)`` of the `part`-th of `splits` slices of `row`'s edges."""
-    start, end = off_ref[row], off_ref[row + 1]
-    if splits == 1:
-        return start, end
-    n = end - start
-    return start + n * part // splits, start + n * (part + 1) // splits
+def split_rows(offsets, num_edges: int, programs_per_part: int, warps: int, kahan: bool = False) -> RowParts:
+    """The parts a conv kernel walks (:func:`jequi.graph.row_parts`): hubs split, and rows split
+    further on a graph too small to fill the GPU (:func:`fill_edges`); with `kahan` whole rows,
+    since the fixup's plain sum of the parts would lose what the compensated sums gained."""
+    num_rows = offsets.shape[-1] - 1
+    most = part_edges(num_rows, num_edges, fill_edges(num_edges, programs_per_part, warps))
+    return row_parts(offsets, num_edges, max(num_edges, 1) if kahan else most)
+
+
+def add_extras(out, extras, firsts):
+    """``out`` ``(R, d)`` plus the extras of the rows split in parts: ``out[r] += extras[firsts[r]
+    - r] + ... + extras[firsts[r + 1] - r - 2]``, in that order (bitwise reproducible), in place
+    (``firsts`` as :class:`jequi.graph.RowParts`). A program per row and block of columns; rows of
+    one part return at once."""
+    num_rows, d = out.shape
+    pieces = tensor_product.chunks(d)
+    blocks = [pieces[i : i + FIXUP_PIECES] for i in range(0, len(pieces), FIXUP_PIECES)]
+
+    def kernel(firsts_ref, out_ref, extras_ref, o_ref):
+        r, block = pl.program_id(0), pl.program_id(1)
+        lo, hi = firsts_ref[r] - r, firsts_ref[r + 1] - r - 1
+        for bi, cols in enumerate(blocks):
+
+            @pl.when((block == bi) & (hi > lo))
+            def _():
+                def add(k, acc):
+                    return [a + extras_ref[k * d + _iota(np.arange(c0, c0 + cs))] for a, (c0, cs) in zip(acc, cols)]
+
+                init = [out_ref[r * d + _iota(np.arange(c0, c0 + cs))] for c0, cs in cols]
+                for (c0, cs), value in zip(cols, jax.lax.fori_loop(lo, hi, add, init)):
+                    o_ref[r * d + _iota(np.arange(c0, c0 + cs))] = value
+
+    out = pallas_call(
+        kernel, jax.ShapeDtypeStruct((num_rows * d,), out.dtype), (num_rows, len(blocks)), 4, name="jequi_conv_parts",
+        aliases={1: 0},
+    )(firsts, out.reshape(-1), extras.reshape(-1))
+    return out.reshape(num_rows, d)
+
+
+# Column pieces (of at most 128 elements, :func:`~.tensor_product.chunks`) per fixup program.
+FIXUP_PIECES = 8
+
+
+def _extras_rows(parts: RowParts) -> int:
+    return max(1, parts.num_extras)  # a kernel output has at least one row
 
 
 # Whether the forward's multiply-adds start from the running sums of the edge loop (each
@@ -255,16 +280,32 @@ def _split_refs(used, refs, node_positions):
     return nodes, {a: ref for a, ref in ref_of.items() if a not in nodes}
 
 
-@functools.partial(jax.jit, static_argnames=("desc", "terms", "num_nodes", "edges_sorted", "kahan"))
+def _store_row(refs, slot, num_rows: int, width: int, values, idx_list):
+    """Store a part's partial row: at row `slot` of ``refs = (ref, extras_ref)`` for a row's
+    first part, else at row ``slot - num_rows`` of the extras (:class:`jequi.graph.RowParts`);
+    a ref given as ``(ref, base)`` starts at element `base`."""
+    for is_extra, ref in enumerate(refs):
+        ref, base = ref if isinstance(ref, tuple) else (ref, 0)
+        row = slot - num_rows if is_extra else slot
+
+        @pl.when((slot >= num_rows) if is_extra else (slot < num_rows))
+        def _():
+            store = storer(ref, base + row * width)
+            for idx, value in zip(idx_list, values):
+                store(idx, value)
+
+
+@functools.partial(jax.jit, static_argnames=("desc", "terms", "edges_sorted", "kahan"))
 def conv_forward_sum(
-    desc, arrays, receiver_senders, receiver_order, receiver_offsets, *, terms=FORWARD_TERMS, num_nodes: int,
+    desc, arrays, receiver_senders, receiver_order, receiver_offsets, *, terms=FORWARD_TERMS,
     edges_sorted: bool = False, kahan: bool = False,
 ):  # fmt: skip
     """``out (num_nodes, out.dim)``, the conv of the sum of the trilinear `terms` (positions
     in `arrays`, as :func:`~pallas_kernels.tensor_product.forward_sum`): ``x``-like arrays
     are per node (read at the edge's sender), ``y``- and ``w``-like ones per edge. The index
     arrays as in :class:`jequi.Graph` (``edges_sorted``: ``receiver_order`` is the identity
-    and is not read)."""
+    and is not read). A program owns a part of a receiver's edges (:func:`split_rows`) and a
+    group of output segments (:func:`conv_output_groups`)."""
     do = desc.dims[2]
     used = used_positions(terms)
     node_positions = {i for i, _, _ in terms}
@@ -272,42 +313,36 @@ def conv_forward_sum(
     dtype = arrays[terms[0][0]].dtype
     warps = forward_warps(desc, dtype)
     groups = conv_output_groups(desc, dtype)
-    splits = edge_splits(num_nodes, num_edges, len(groups), warps)
+    parts = split_rows(receiver_offsets, num_edges, len(groups), warps, kahan)
+    num_nodes = parts.num_rows
     chained = jnp.dtype(dtype) == jnp.float64 if CHAINED_FORWARD is None else CHAINED_FORWARD
 
     def kernel(*refs):
-        s_ref, order_ref, off_ref, z_ref = refs[len(used) :]
+        s_ref, order_ref, off_ref, slot_ref, z_ref, extras_ref = refs[len(used) :]
         node_refs, edge_refs = _split_refs(used, refs[: len(used)], node_positions)
-        column = pl.program_id(1)  # read outside the loops (interpret mode needs it there)
-        group, part = column // splits, column % splits
+        v, group = pl.program_id(0), pl.program_id(1)
+        for g, outputs in enumerate(groups):
+            out_slots = slots([desc.out[s] for s in outputs])
 
-        def node(r):
-            for g, outputs in enumerate(groups):
-                out_slots = slots([desc.out[s] for s in outputs])
+            @pl.when(group == g)
+            def _():
+                def edge(k, acc):
+                    e = k if edges_sorted else order_ref[k]
+                    rows = {**row_refs(arrays, node_refs, s_ref[k]), **row_refs(arrays, edge_refs, e)}
+                    triples = [(rows[i], rows[j], rows[c]) for i, j, c in terms]
+                    if acc is None or chained:
+                        return forward_values(desc, triples, outputs, acc)
+                    return [a + v for a, v in zip(acc, forward_values(desc, triples, outputs))]
 
-                @pl.when(group == g)
-                def _():
-                    def edge(k, acc):
-                        e = k if edges_sorted else order_ref[k]
-                        rows = {**row_refs(arrays, node_refs, s_ref[k]), **row_refs(arrays, edge_refs, e)}
-                        triples = [(rows[i], rows[j], rows[c]) for i, j, c in terms]
-                        if acc is None or chained:
-                            return forward_values(desc, triples, outputs, acc)
-                        return [a + v for a, v in zip(acc, forward_values(desc, triples, outputs))]
+                init = [jnp.zeros(idx.shape, dtype) for idx in out_slots]
+                total = _edge_loop(off_ref[v], off_ref[v + 1], edge, init, kahan)
+                _store_row((z_ref, extras_ref), slot_ref[v], num_nodes, do, total, out_slots)
 
-                    init = [jnp.zeros(idx.shape, dtype) for idx in out_slots]
-                    total = _edge_loop(*_part(off_ref, r, part, splits), edge, init, kahan)
-                    store = storer(z_ref, (part * num_nodes + r) * do)
-                    for idx, value in zip(out_slots, total):
-                        store(idx, value)
-
-        rows_loop(num_nodes, 1, node)
-
-    out = pallas_call(
-        kernel, jax.ShapeDtypeStruct((splits * num_nodes * do,), dtype), (num_nodes, len(groups) * splits), warps,
-        name="jequi_conv_fwd",
-    )(*(arrays[a].reshape(-1) for a in used), receiver_senders, receiver_order, receiver_offsets)
-    return add_parts(out.reshape(splits, num_nodes, do))
+    z, extras = pallas_call(
+        kernel, [jax.ShapeDtypeStruct((num_nodes * do,), dtype), jax.ShapeDtypeStruct((_extras_rows(parts) * do,), dtype)],
+        (parts.num_parts, len(groups)), warps, name="jequi_conv_fwd",
+    )(*(arrays[a].reshape(-1) for a in used), receiver_senders, receiver_order, parts.offsets, parts.slots)
+    return add_extras(z.reshape(num_nodes, do), extras, parts.firsts)
 
 
 def conv_forward(desc, x, y, w, receiver_senders, receiver_order, receiver_offsets, **options):
@@ -325,11 +360,10 @@ def conv_backward_sum(
     :func:`~pallas_kernels.tensor_product.backward_sum`; ``x``-like arrays per node, the
     others per edge), None for a gradient without pairs; the index arrays as in
     :class:`jequi.Graph` (the last bucket of ``sender_offsets`` holds the dropped edges, which
-    get zero ``gy`` and ``gw``). A program owns a sender and a :func:`backward_programs`
-    entry (an x segment's chunk of paths; and a part of the sender's edges,
-    :func:`edge_splits`); each program writes its own partial ``gy`` and each (chunk, part)
-    its own partial ``gx``, summed here. With
-    `shared_weights`, ``gw`` is summed over edges."""
+    get zero ``gy`` and ``gw``). A program owns a part of a sender's edges (or of the dropped
+    edges; :func:`split_rows`) and a :func:`backward_programs` entry (an x segment's chunk of
+    paths); each group writes its own partial ``gy`` and each chunk its own partial ``gx``,
+    summed here. With `shared_weights`, ``gw`` is summed over edges."""
     used = used_positions(pair for pairs in terms for pair in pairs)
     node_positions = {a for a, _ in terms[1] + terms[2]}
     g_positions = layout_positions(desc.out, COTANGENT_LAYOUT)
@@ -345,87 +379,88 @@ def conv_backward_sum(
     groups, partials = backward_programs(desc)
     inactive = inactive_paths(desc) if needs[2] else []
     warps = num_warps(desc, backward=True)
-    splits = edge_splits(num_senders, num_edges, len(groups), warps)
+    parts = split_rows(sender_offsets, num_edges, len(groups), warps, kahan)
+    extras_rows = _extras_rows(parts)
     shapes, unpack = needed_outputs(
         needs,
         [
-            jax.ShapeDtypeStruct((partials * splits * num_senders * d1,), dtype),
+            (jax.ShapeDtypeStruct((partials * num_senders * d1,), dtype),
+             jax.ShapeDtypeStruct((partials * extras_rows * d1,), dtype)),  # gx: rows' first parts, extras
             jax.ShapeDtypeStruct((len(groups) * num_edges * d2,), dtype),
             jax.ShapeDtypeStruct((num_edges * nw,), dtype),
         ],
-    )
+    )  # fmt: skip
+    flat = [t for s in shapes for t in (s if isinstance(s, tuple) else (s,))]
+
+    def regroup(items):  # the flat refs or results -> (gx pair or None, gy, gw)
+        items = list(items)
+        return unpack([tuple(items[:2]), *items[2:]] if needs[0] else items)
 
     def kernel(g_ref, *refs):
         node_refs, edge_refs = _split_refs(used, refs[: len(used)], node_positions)
-        r_ref, order_ref, off_ref, *out_refs = refs[len(used) :]
-        gx_ref, gy_ref, gw_ref = unpack(out_refs)
-        column = pl.program_id(1)  # read outside the loops (interpret mode needs it there)
-        group, part = column // splits, column % splits
+        r_ref, order_ref, off_ref, row_ref, slot_ref, *out_refs = refs[len(used) :]
+        gx_ref, gy_ref, gw_ref = regroup(out_refs)
+        v, group = pl.program_id(0), pl.program_id(1)
+        n, start, end, slot = row_ref[v], off_ref[v], off_ref[v + 1], slot_ref[v]
+        for gi, (segments, paths, chunk, group_chunks) in enumerate(groups):
+            in1 = [desc.in1[s] for s in segments]
+            in1_slots = slots(in1)
+            gy_base = gi * num_edges * d2
 
-        def node(n):
-            start, end = _part(off_ref, n, part, splits)
-            for gi, (segments, paths, chunk, group_chunks) in enumerate(groups):
-                in1 = [desc.in1[s] for s in segments]
-                in1_slots = slots(in1)
-                gy_base = gi * num_edges * d2
+            @pl.when((group == gi) & (n < num_senders))
+            def _():
+                def edge(k, acc):
+                    e = order_ref[k]
+                    rows = {**row_refs(arrays, node_refs, n), **row_refs(arrays, edge_refs, e)}
+                    store_gw = None if gw_ref is None else storer(gw_ref, e * nw)
+                    gx, gy = backward_row(
+                        desc, Row(g_ref, r_ref[k] * do, g_positions), pairs_of(terms, rows), store_gw, paths,
+                        gx_start=(in1, () if acc is None else acc),
+                    )  # fmt: skip
+                    if gi == 0:
+                        zero_weights(inactive, store_gw, dtype)
+                    if gy_ref is not None:
+                        gy.store(desc.in2, storer(gy_ref, gy_base + e * d2), dtype)
+                    return gx.values(in1, dtype) if gx_ref is not None else []
 
-                @pl.when((group == gi) & (n < num_senders))
-                def _():
-                    def edge(k, acc):
-                        e = order_ref[k]
-                        rows = {**row_refs(arrays, node_refs, n), **row_refs(arrays, edge_refs, e)}
-                        store_gw = None if gw_ref is None else storer(gw_ref, e * nw)
-                        gx, gy = backward_row(
-                            desc, Row(g_ref, r_ref[k] * do, g_positions), pairs_of(terms, rows), store_gw, paths,
-                            gx_start=(in1, () if acc is None else acc),
-                        )  # fmt: skip
-                        if gi == 0:
-                            zero_weights(inactive, store_gw, dtype)
-                        if gy_ref is not None:
-                            gy.store(desc.in2, storer(gy_ref, gy_base + e * d2), dtype)
-                        return gx.values(in1, dtype) if gx_ref is not None else []
+                if gx_ref is None:
 
-                    if gx_ref is None:
-
-                        def each(k, carry):
-                            edge(k, None)
-                            return carry
-
-                        jax.lax.fori_loop(start, end, each, 0)
-                        return
-                    init = [jnp.zeros(idx.shape, dtype) for idx in in1_slots]
-                    def partial_gx(c):  # partial c's row n, of this program's edge part
-                        return storer(gx_ref, ((c * splits + part) * num_senders + n) * d1)
-
-                    store = partial_gx(chunk)
-                    for idx, value in zip(in1_slots, _edge_loop(start, end, edge, init, kahan)):
-                        store(idx, value)
-                    for absent in range(group_chunks, partials) if chunk == 0 else ():
-                        store = partial_gx(absent)
-                        for idx in in1_slots:
-                            store(idx, jnp.zeros(idx.shape, dtype))
-
-                @pl.when((group == gi) & (n == num_senders))
-                def _():  # dropped edges: zero gradients
-                    def zero(k, carry):
-                        e = order_ref[k]
-                        for idx in in2_slots if gy_ref is not None else ():
-                            storer(gy_ref, gy_base + e * d2)(idx, jnp.zeros(idx.shape, dtype))
-                        if gw_ref is not None:
-                            zero_weights(paths + (inactive if gi == 0 else []), storer(gw_ref, e * nw), dtype)
+                    def each(k, carry):
+                        edge(k, None)
                         return carry
 
-                    jax.lax.fori_loop(start, end, zero, 0)
+                    jax.lax.fori_loop(start, end, each, 0)
+                    return
+                def partial_gx(c, values):  # partial c of this part's row
+                    refs = ((gx_ref[0], c * num_senders * d1), (gx_ref[1], c * extras_rows * d1))
+                    _store_row(refs, slot, num_senders + 1, d1, values, in1_slots)
 
-        rows_loop(num_senders + 1, 1, node)
+                partial_gx(chunk, _edge_loop(start, end, edge, [jnp.zeros(i.shape, dtype) for i in in1_slots], kahan))
+                for absent in range(group_chunks, partials) if chunk == 0 else ():
+                    partial_gx(absent, [jnp.zeros(i.shape, dtype) for i in in1_slots])
 
-    gx, gy, gw = unpack(
-        pallas_call(
-            kernel, shapes, (num_senders + 1, len(groups) * splits), warps, name="jequi_conv_bwd"
-        )(gout.reshape(-1), *(arrays[a].reshape(-1) for a in used), sender_receivers, sender_order, sender_offsets)
-    )
+            @pl.when((group == gi) & (n == num_senders))
+            def _():  # dropped edges: zero gradients
+                def zero(k, carry):
+                    e = order_ref[k]
+                    for idx in in2_slots if gy_ref is not None else ():
+                        storer(gy_ref, gy_base + e * d2)(idx, jnp.zeros(idx.shape, dtype))
+                    if gw_ref is not None:
+                        zero_weights(paths + (inactive if gi == 0 else []), storer(gw_ref, e * nw), dtype)
+                    return carry
+
+                jax.lax.fori_loop(start, end, zero, 0)
+
+    results = pallas_call(kernel, flat, (parts.num_parts, len(groups)), warps, name="jequi_conv_bwd")(
+        gout.reshape(-1), *(arrays[a].reshape(-1) for a in used), sender_receivers, sender_order, parts.offsets,
+        parts.rows, parts.slots,
+    )  # fmt: skip
+    gx, gy, gw = regroup(results)
     if gx is not None:
-        gx = add_parts(gx.reshape(partials * splits, num_senders, d1))
+        main, extras = gx
+        main = add_parts(main.reshape(partials, num_senders, d1))
+        extras = add_parts(extras.reshape(partials, extras_rows, d1))
+        gx = add_extras(main, extras, parts.firsts[: num_senders + 1])
     if gy is not None:
         gy = add_parts(gy.reshape(len(groups), num_edges, d2))
     if gw is not None:

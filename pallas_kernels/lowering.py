@@ -74,14 +74,12 @@ def fma(a, b, c):
     return out
 
 
-def pallas_call(kernel, out_shape, grid, num_warps: int = 4, name: str | None = None):
-    """``pl.pallas_call`` with whole-array refs, on Triton (GPU) or the interpreter (CPU)."""
+def pallas_call(kernel, out_shape, grid, num_warps: int = 4, name: str | None = None, aliases=None):
+    """``pl.pallas_call`` with whole-array refs, on Triton (GPU) or the interpreter (CPU);
+    `aliases`: ``{input index: output index}`` updated in place."""
+    common = dict(out_shape=out_shape, grid=grid, name=name, input_output_aliases=aliases or {})
     if on_gpu():
         return pl.pallas_call(
-            kernel,
-            out_shape=out_shape,
-            grid=grid,
-            compiler_params=pl_triton.CompilerParams(num_warps=num_warps, num_stages=1),
-            name=name,
+            kernel, compiler_params=pl_triton.CompilerParams(num_warps=num_warps, num_stages=1), **common
         )
-    return pl.pallas_call(kernel, out_shape=out_shape, grid=grid, interpret=True, name=name)
+    return pl.pallas_call(kernel, interpret=True, **common)

@@ -65,6 +65,31 @@ def test_isolated_nodes_hub_and_empty_graph(tp, backend):
     assert empty.shape == (9, tp.irreps_out.dim) and not np.any(np.asarray(empty))
 
 
+@pytest.mark.parametrize("most", [1, 3, 8])
+def test_row_parts(most):
+    """Rows cut into parts of at most `most` edges, under jit: every row's edges covered once, in
+    order, by its parts; first parts at their row's slot, the others at distinct extra slots;
+    empty parts past the last real one."""
+    rng = np.random.default_rng(most)
+    counts = rng.integers(0, 6, 12)
+    counts[[0, 5]] = [0, 23]  # an empty row and a hub
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    num_edges = int(offsets[-1]) + 4  # 4 edges past the last row: not walked
+    parts = jax.jit(jequi.graph.row_parts, static_argnums=(1, 2))(offsets, num_edges, most)
+    off, rows, slots, firsts = (np.asarray(a) for a in (parts.offsets, parts.rows, parts.slots, parts.firsts))
+    assert parts.num_rows == 12 and parts.num_parts == 12 + num_edges // most
+    assert np.all(np.diff(off) >= 0) and np.all(np.diff(off) <= most) and off[-1] == offsets[-1]
+    expected = np.maximum(1, -(-counts // most))
+    assert np.array_equal(np.diff(firsts), expected)
+    for r in range(12):
+        mine = np.arange(firsts[r], firsts[r + 1])
+        assert np.all(rows[mine] == r) and off[mine[0]] == offsets[r] and off[mine[-1] + 1] == offsets[r + 1]
+        assert slots[mine[0]] == r and np.array_equal(slots[mine[1:]], 12 + np.arange(firsts[r] - r, firsts[r + 1] - r - 1))
+    empty = np.arange(firsts[-1], parts.num_parts)
+    assert np.all(off[empty] == off[-1]) and np.all(slots[empty] >= 12)
+    assert len(set(slots.tolist())) == parts.num_parts and slots.max() < 12 + max(1, parts.num_extras)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_out_of_range_indices_are_dropped(tp, backend):
     rng = np.random.default_rng(2)
@@ -143,14 +168,15 @@ def test_backward_reads_the_cotangent_in_either_layout(layout, cotangent_layout,
 
 
 # the double backward's conv kernels split into programs and partials as the backward's do
-# (backward_programs, edge_splits): second derivatives in the case with edge parts
-@pytest.mark.parametrize("chunks, splits, shared, second_order", [(3, 1, False, False), (2, 2, True, True)])
-def test_backward_in_chunks_of_paths(chunks, splits, shared, second_order, fresh_kernels, monkeypatch):
+# (backward_programs, row parts): second derivatives in the case with rows in parts
+@pytest.mark.parametrize("chunks, part, shared, second_order", [(3, 16, False, False), (2, 3, True, True)])
+def test_backward_in_chunks_of_paths(chunks, part, shared, second_order, fresh_kernels, monkeypatch):
     """Backward programs that each take a chunk of an x segment's paths (partial gx per chunk
-    and edge part, a partial gy per program; groups with fewer chunks zero the partials they
+    and row part, a partial gy per program; groups with fewer chunks zero the partials they
     lack) give the XLA backend's first (and second) derivatives; dropped edges too."""
     monkeypatch.setattr(pallas_kernels.conv, "BACKWARD_CHUNKS", chunks)
-    monkeypatch.setattr(pallas_kernels.conv, "EDGE_SPLITS", splits)
+    monkeypatch.setattr(jequi.graph, "MIN_PART_EDGES", part)
+    monkeypatch.setattr(jequi.graph, "HUB_FACTOR", 0)
     tp = jequi.channelwise("3x0e+4x1o+2x2e", "0e+1o+2e", "3x0e+4x1o+2x2e+2x3o")
     programs, partials = pallas_kernels.conv.backward_programs(tp.descriptor.trilinear)
     assert partials == chunks and (chunks == 2 or min(n for *_, n in programs) < partials)

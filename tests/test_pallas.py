@@ -303,15 +303,14 @@ def test_backward_computes_only_what_is_needed(name):
             assert_close(got[k], full[k], 1e-12, f"gradient {k} alone")
 
 
-def test_conv_edge_splits_rule():
-    """Rows' edges are split over programs on small graphs only: the model benchmark's batch
-    (512 atoms, 21,504 edges, one output group, 2 warps) gets 4 parts; MACE-large on the
-    carbon lattice (1,728 rows, 2 groups, 4 warps) one; a sparse graph one."""
-    splits = pallas_kernels.conv.edge_splits
-    assert splits(512, 21504, 1, 2) == 4
-    assert splits(1728, 273024, 2, 4) == 1
-    assert splits(512, 512 * 8, 1, 1) == 1
-    assert splits(0, 0, 1, 1) == 1
+def test_conv_fill_rule():
+    """Rows are split to fill the GPU on small graphs only: the model benchmark's batch (512
+    atoms, 21,504 edges, one output group, 2 warps) walks parts of at most 11 edges (4 a row); MACE-large
+    on the carbon lattice (1,728 rows of 158 edges, 2 groups, 4 warps) whole rows."""
+    conv, graph = pallas_kernels.conv, jequi.graph
+    assert graph.part_edges(512, 21504, conv.fill_edges(21504, 1, 2)) == 11
+    assert graph.part_edges(1728, 273024, conv.fill_edges(273024, 2, 4)) == 2 * 158
+    assert graph.part_edges(0, 0, conv.fill_edges(0, 1, 1)) == graph.MIN_PART_EDGES
 
 
 def _split_backward_matches(name, shared, seed, monkeypatch, knob, split, whole, programs):
@@ -414,17 +413,18 @@ WIDE = {  # warp-wide channels (gy's lane sums as tiles); 33 = 32 + 1: both widt
 }
 
 
-def test_conv_edge_splits(fresh_kernels, monkeypatch):
-    """Each row's edges shared by 3 programs (more parts than some rows have edges; a hub,
-    isolated nodes and dropped out-of-range edges): values and gradients as the reference,
-    bitwise the same from run to run."""
-    monkeypatch.setattr(pallas_kernels.conv, "EDGE_SPLITS", 3)
+def test_conv_row_parts(fresh_kernels, monkeypatch):
+    """Rows walked in parts of at most 2 edges (fewer edges than some parts; a hub, isolated
+    nodes, dropped out-of-range edges): values and gradients as the reference, bitwise the same
+    from run to run."""
+    monkeypatch.setattr(jequi.graph, "MIN_PART_EDGES", 2)
+    monkeypatch.setattr(jequi.graph, "HUB_FACTOR", 0)
     tp = PROBLEMS["uvu"]()
     rng = np.random.default_rng(6)
     n, e = (300, 5000) if ON_GPU else (6, 14)
     s, r = rng.integers(0, n - 2, e), rng.integers(0, n - 2, e)
     r[: e // 2] = 0  # a hub
-    s[-1], r[-2] = n + 5, -1  # dropped edges
+    s[-3:], r[-5:-3] = n + 5, -1  # dropped edges (in parts too)
     x = rng.normal(size=(n, tp.irreps_in1.dim))
     y = rng.normal(size=(e, tp.irreps_in2.dim))
     w = rng.normal(size=(e, tp.weight_numel))
@@ -433,6 +433,7 @@ def test_conv_edge_splits(fresh_kernels, monkeypatch):
     assert_close(f("pallas")(x, y, w), f("xla")(x, y, w), 1e-12, "conv")
     grads = lambda b: jax.jit(jax.grad(lambda *a: jnp.sum(jnp.sin(f(b)(*a))), argnums=(0, 1, 2)))  # noqa: E731
     ours = [[np.asarray(a) for a in grads("pallas")(x, y, w)] for _ in range(2)]
+    assert not np.any(ours[0][1][-5:]) and not np.any(ours[0][2][-5:])  # dropped: zero gy, gw
     for a, b, what in zip(ours[0], grads("xla")(x, y, w), "xyw"):
         assert_close(a, b, 1e-12, f"d/d{what}")
     assert all(np.array_equal(a, b) for a, b in zip(*ours))

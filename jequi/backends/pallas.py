@@ -48,7 +48,7 @@ def second(desc, spec, arrays):
 def conv_forward(desc, x, y, w, graph, kahan: bool = False):
     return pallas_kernels.conv_forward(
         desc, x, y, w, graph.receiver_senders, graph.receiver_order, graph.receiver_offsets,
-        num_nodes=graph.num_nodes, edges_sorted=graph.edges_sorted, kahan=kahan,
+        edges_sorted=graph.edges_sorted, kahan=kahan,
     )  # fmt: skip
 
 
@@ -63,7 +63,7 @@ def conv_second(desc, spec, arrays, graph, kahan: bool = False):
     return spec.evaluate(
         lambda triples: pallas_kernels.conv_forward_sum(
             desc, arrays, graph.receiver_senders, graph.receiver_order, graph.receiver_offsets, terms=triples,
-            num_nodes=graph.num_nodes, edges_sorted=graph.edges_sorted, kahan=kahan,
+            edges_sorted=graph.edges_sorted, kahan=kahan,
         ),
         lambda pairs: pallas_kernels.conv_backward_sum(
             desc, arrays[GZ], arrays, graph.sender_receivers, graph.sender_order, graph.sender_offsets, terms=pairs,
