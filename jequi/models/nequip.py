@@ -42,7 +42,10 @@ class NequIPConfig:
     avg_num_neighbors: float = 30.0
     energy_scale: float = 1.0
     backend: str | None = None  # jequi backend for the convolutions (default: fastest)
-    conv: str = "jequi"  # "jequi" (fused tp.conv) or "e3nn" (gather, e3nn-jax product, segment_sum: a baseline)
+    # "jequi" (fused tp.conv), "e3nn" (gather, e3nn-jax product, segment_sum: a baseline), or a
+    # function ``conv(tp, x, sh, weights, graph) -> IrrepsArray`` of tp.irreps_out (another
+    # library's convolution in the same model, as benchmarks/model_step.py runs cuEquivariance)
+    conv: object = "jequi"
 
     def species_index(self, numbers) -> np.ndarray:
         """Atomic numbers -> indices into :attr:`species` (ValueError for unknown elements)."""
@@ -75,6 +78,8 @@ def _mlp(param, name: str, x, sizes):
 
 
 def _convolve(config: NequIPConfig, tp: TensorProduct, x, sh, weights, graph: Graph):
+    if callable(config.conv):
+        return config.conv(tp, x, sh, weights, graph)
     if config.conv == "jequi":
         return tp.conv(x, sh, weights, graph, backend=config.backend)
     if config.conv == "e3nn":  # what jequi replaces: an |E| x out.dim buffer and a scatter
@@ -83,7 +88,7 @@ def _convolve(config: NequIPConfig, tp: TensorProduct, x, sh, weights, graph: Gr
         f = FunctionalTensorProduct(tp.irreps_in1, tp.irreps_in2, tp.irreps_out, list(tp.instructions))
         z = jax.vmap(f.left_right)(weights, x[graph.senders], sh)
         return e3nn.IrrepsArray(tp.irreps_out, jax.ops.segment_sum(z.array, graph.receivers, num_segments=graph.num_nodes))
-    raise ValueError(f"conv must be 'jequi' or 'e3nn', got {config.conv!r}")
+    raise ValueError(f"conv must be 'jequi', 'e3nn' or a function, got {config.conv!r}")
 
 
 def atomic_energies(param, config: NequIPConfig, species, positions, graph: Graph, cell=None):

@@ -1,0 +1,287 @@
+"""The model step, the benchmark that decides: jequi's NequIP model at two real widths, on what
+users run, with each convolution implementation in the same model and the same process.
+
+Models (``MODELS``): NequIP at NequIP-OAM-L width (``128x0e+64x1o+32x2e+32x3o``, lmax 3, 4
+layers) and at a MACE-like width (``128x0e+128x1o+128x2e``, lmax 3, 2 layers). Workloads:
+
+* ``md``: one large periodic structure (a rattled fcc Cu-Au alloy), energy and forces, what a
+  molecular-dynamics step runs, at about 1k, 4k, 16k and 64k atoms (``--atoms``);
+* ``train``: the force-training step (gradient of the energy + force loss, so the conv's
+  second derivatives) on a padded batch of EMT-labelled structures (``--batch-atoms``),
+  padded as ``jequi.models.train.make_batches`` pads (out-of-range indices).
+
+Implementations (``--impls``): ``jequi`` (the default backend), ``jequi-<backend>``,
+``e3nn`` (gather, e3nn-jax's product, ``segment_sum``) and ``cuex`` (cuEquivariance-JAX's
+fused indexed ``segmented_polynomial``, uniform multiplicities only; its operands converted to
+``ir_mul``, its weights in its own order: a timing, not the same numbers). Each cell: median
+ms, compile s, XLA's memory estimate (arguments + outputs + temporaries) and, for ``--profile``
+impls, the GPU time by kernel class from a profile. ``--largest`` keeps doubling the ``md``
+structure until an implementation fails, for the largest system that fits.
+
+Device tool, from the repo root (peers carried for cuex):
+
+    source .peers/setup_peers.sh; python3 benchmarks/model_step.py --model mace-width
+
+Writes ``<date>-<device>-model-<model>.{json,md}`` into --out (and $OUT) after every cell.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import datetime
+import glob
+import json
+import os
+import pathlib
+import re
+import shutil
+import tempfile
+import time
+
+import e3nn_jax as e3nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from timing import median_ms
+
+import jequi
+from jequi.descriptor import layout_positions
+from jequi.models import NequIP, NequIPConfig, data
+from jequi.models.nequip import energy_and_forces
+from jequi.models.train import errors, make_batches
+
+MODELS = {
+    "nequip-oam-l": NequIPConfig(hidden="128x0e+64x1o+32x2e+32x3o", sh_lmax=3, num_layers=4, radial_hidden=64),
+    "mace-width": NequIPConfig(hidden="128x0e+128x1o+128x2e", sh_lmax=3, num_layers=2, radial_hidden=64),
+}
+# Kernel classes of a profile, by the first pattern a GPU kernel's name matches.
+KERNEL_CLASSES = [
+    ("conv", r"jequi|segmented_polynomial|uniform_1d|tensor_product|cuequivariance"),
+    ("matmul (linears, radial MLP)", r"gemm|cublas|cutlass|xmma|nvjet|matmul|dot"),
+    ("sort, scatter, gather (indices)", r"sort|scatter|gather|radix|cub::|select|searchsorted"),
+    ("other XLA fusions (gates, SH, radial basis, elementwise)", r""),
+]
+
+
+def alloy(n_atoms: int, seed: int = 0):
+    """A rattled fcc Cu-Au alloy (25 % Au) of about `n_atoms` atoms, a cubic cell repeated."""
+    from ase.build import bulk
+
+    k = max(1, round((n_atoms / 4) ** (1 / 3)))
+    atoms = bulk("Cu", "fcc", a=3.7, cubic=True).repeat((k, k, k))
+    rng = np.random.default_rng(seed)
+    atoms.numbers[rng.random(len(atoms)) < 0.25] = 79
+    atoms.positions += rng.normal(0, 0.05, atoms.positions.shape)
+    return atoms
+
+
+def cuex_conv(tp, x, sh, weights, graph):
+    """cuEquivariance's fused conv in the model: ``segmented_polynomial`` with gather and scatter
+    indices, operands in ``ir_mul`` (out-of-range receivers go to an extra row, dropped)."""
+    import cuequivariance as cue
+    import cuequivariance_jax as cuex
+
+    desc = tp.descriptor
+    in1, in2, out = (cue.Irreps("O3", str(i)) for i in (tp.irreps_in1, tp.irreps_in2, tp.irreps_out))
+    poly = cue.descriptors.channelwise_tensor_product(in1, in2, out).polynomial
+    sizes = [op.size for op in poly.inputs] + [poly.outputs[0].size]
+    if sizes != [tp.weight_numel, *desc.dims]:
+        raise ValueError(f"cuEquivariance's operands {sizes} are not jequi's {[tp.weight_numel, *desc.dims]}")
+    x_ir = x.array[:, np.argsort(layout_positions(desc.in1, "ir_mul"))]
+    sh_ir = sh.array[:, np.argsort(layout_positions(desc.in2, "ir_mul"))]
+    n = graph.num_nodes
+    (z,) = cuex.segmented_polynomial(
+        poly, [weights, x_ir, sh_ir], [jax.ShapeDtypeStruct((n + 1, desc.dims[2]), x.dtype)],
+        indices=[None, graph.senders, None, graph.receivers], method="uniform_1d",
+    )  # fmt: skip
+    return e3nn.IrrepsArray(tp.irreps_out, z[:n][:, layout_positions(desc.out, "ir_mul")])
+
+
+def variant(config: NequIPConfig, impl: str) -> NequIPConfig:
+    if impl == "jequi":
+        return config
+    if impl.startswith("jequi-"):
+        return dataclasses.replace(config, backend=impl[len("jequi-") :])
+    if impl == "e3nn":
+        return dataclasses.replace(config, conv="e3nn")
+    if impl == "cuex":
+        return dataclasses.replace(config, conv=cuex_conv)
+    raise ValueError(f"unknown implementation {impl!r}")
+
+
+def init(config):
+    """The model's parameters (the same for every size and implementation), from a small alloy."""
+    atoms = alloy(32)
+    graph = jequi.graph_from_atoms(atoms, config.cutoff)
+    species = jnp.asarray(config.species_index(atoms.numbers))
+    args = species, jnp.asarray(atoms.positions, jnp.float32), graph, jnp.asarray(atoms.cell.array, jnp.float32)
+    return jax.jit(NequIP(dataclasses.replace(config, conv="jequi", backend="xla")).init)(jax.random.key(0), *args)
+
+
+def md_step(config, atoms, params):
+    """``(fn, args, info)``: energy and forces of one structure."""
+    graph = jequi.graph_from_atoms(atoms, config.cutoff)
+    species = jnp.asarray(config.species_index(atoms.numbers))
+    cell = jnp.asarray(atoms.cell.array, jnp.float32)
+    positions = jnp.asarray(atoms.positions, jnp.float32)
+    model = NequIP(config)
+
+    def fn(params, positions, graph):
+        return energy_and_forces(lambda p: model.apply(params, species, p, graph, cell).sum(), positions)
+
+    return fn, (params, positions, graph), {"atoms": len(atoms), "edges": graph.num_edges}
+
+
+def train_step(config, structures, batch_size, params):
+    """``(fn, args, info)``: the gradient of the energy + force loss on one padded batch."""
+    b = make_batches(structures[:batch_size], config, batch_size)[0]
+
+    def fn(params, b):
+        return jax.grad(lambda p: errors(p, config, b)[0])(params)
+
+    real_edges = int(np.sum(np.asarray(b.graph.receivers) < b.graph.num_nodes))
+    info = {"atoms": int(np.sum(np.asarray(b.node_mask))), "nodes": int(b.species.shape[0]), "edges": b.graph.num_edges,
+            "real_edges": real_edges, "structures": batch_size}  # fmt: skip
+    return fn, (params, b), info
+
+
+def kernel_breakdown(fn, args, calls: int = 5) -> dict:
+    """GPU time per call by :data:`KERNEL_CLASSES`, in ms, from a profile of `calls` calls."""
+    from jax.profiler import ProfileData
+
+    with tempfile.TemporaryDirectory() as d:
+        with jax.profiler.trace(d):
+            for _ in range(calls):
+                jax.block_until_ready(fn(*args))
+        path = sorted(glob.glob(f"{d}/**/*.xplane.pb", recursive=True))[-1]
+        profile = ProfileData.from_file(path)
+    total = collections.Counter()
+    for plane in profile.planes:
+        if not plane.name.startswith("/device:GPU"):
+            continue
+        for line in plane.lines:
+            if not line.name.startswith("Stream"):
+                continue
+            for ev in line.events:
+                cls = next(c for c, pattern in KERNEL_CLASSES if re.search(pattern, ev.name, re.I))
+                total[cls] += ev.duration_ns
+    return {c: total[c] / calls / 1e6 for c, _ in KERNEL_CLASSES}
+
+
+def measure(fn, args, profile: bool) -> dict:
+    """Compile, XLA's memory estimate, a checked first call, the median time."""
+    jitted = jax.jit(fn)
+    t0 = time.perf_counter()
+    compiled = jitted.lower(*args).compile()
+    compile_s = time.perf_counter() - t0
+    mem = compiled.memory_analysis()
+    gib = None
+    if mem is not None:
+        gib = (mem.argument_size_in_bytes + mem.output_size_in_bytes + mem.temp_size_in_bytes) / 2**30
+    out = jax.block_until_ready(compiled(*args))
+    finite = all(bool(jnp.all(jnp.isfinite(leaf))) for leaf in jax.tree_util.tree_leaves(out))
+    ms = median_ms(compiled, args, repeat=5, calls=3)
+    cell = {"ms": ms, "compile_s": compile_s, "memory_gib": gib, "finite": finite}
+    if profile:
+        cell["profile_ms"] = kernel_breakdown(compiled, args)
+    return cell
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", choices=MODELS, default="nequip-oam-l")
+    ap.add_argument("--impls", default="jequi,jequi-cuda,jequi-pallas,e3nn,cuex")
+    ap.add_argument("--atoms", default="1000,4000,16000,64000", help="md structure sizes")
+    ap.add_argument("--batch-atoms", default="1000,4000", help="training batch sizes (atoms, about)")
+    ap.add_argument("--skip", default="", help="impl@workload@size cells not to run, comma list (e.g. jequi-pallas@md@64000)")
+    ap.add_argument("--profile", default="jequi", help="impls profiled at 4,000 atoms")
+    ap.add_argument("--largest", action="store_true", help="double the md structure past --atoms until each impl fails")
+    ap.add_argument("--out", default=str(pathlib.Path(__file__).resolve().parent / "results"))
+    a = ap.parse_args()
+    dev = jax.devices()[0]
+    config = MODELS[a.model]
+    impls = a.impls.split(",")
+    skip = set(filter(None, a.skip.split(",")))
+    result = {"date": datetime.date.today().isoformat(), "device": dev.device_kind, "jax": jax.__version__,
+              "model": a.model, "config": {k: str(v) for k, v in dataclasses.asdict(config).items()},
+              "default_backends": {}, "cells": []}  # fmt: skip
+    for layer, irreps_x in enumerate(("128x0e", config.hidden)):
+        tp = jequi.channelwise(irreps_x, str(e3nn.Irreps.spherical_harmonics(config.sh_lmax)), config.hidden)
+        result["default_backends"][f"layer {min(layer, 1)} ({irreps_x})"] = jequi.default_backend(tp.descriptor, conv=True)
+    out = pathlib.Path(a.out)
+
+    def run(workload, size, impl, make):
+        if f"{impl}@{workload}@{size}" in skip:
+            return None
+        cell = {"workload": workload, "size": size, "impl": impl}
+        try:
+            fn, args, info = make(variant(config, impl))
+            cell.update(info)
+            cell.update(measure(fn, args, impl in a.profile.split(",") and 3000 <= size <= 5000))
+        except Exception as exc:  # noqa: BLE001  (an implementation that fails or runs out of memory: recorded)
+            cell["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+        print(json.dumps(cell), flush=True)
+        result["cells"].append(cell)
+        write(result, out)
+        jax.clear_caches()
+        return cell
+
+    params = init(config)
+    structures = data.emt_dataset(max(int(s) for s in a.batch_atoms.split(",")) // 20 + 8, seed=1)
+    for size in (int(s) for s in a.batch_atoms.split(",")):
+        batch_size = max(1, size // 22)  # the EMT structures average about 22 atoms
+        for impl in impls:
+            run("train", size, impl, lambda c, bs=batch_size: train_step(c, structures, bs, params))
+    sizes = [int(s) for s in a.atoms.split(",")]
+    failed = set()
+    for size in sizes:
+        atoms = alloy(size)
+        for impl in impls:
+            if impl not in failed:
+                cell = run("md", size, impl, lambda c, atoms=atoms: md_step(c, atoms, params))
+                if cell is not None and "error" in cell:
+                    failed.add(impl)
+    size = sizes[-1]
+    while a.largest and set(impls) - failed:
+        size *= 2
+        atoms = alloy(size)
+        for impl in sorted(set(impls) - failed):
+            cell = run("md", size, impl, lambda c, atoms=atoms: md_step(c, atoms, params))
+            if cell is not None and "error" in cell:
+                failed.add(impl)
+
+
+def write(result, out):
+    stem = f"{result['date']}-{re.sub('[^a-z0-9]+', '-', result['device'].lower()).strip('-')}-model-{result['model']}"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
+    lines = [f"# {result['model']} on {result['device']} ({result['date']}, jax {result['jax']})", "",
+             f"hidden {result['config']['hidden']}, lmax {result['config']['sh_lmax']}, {result['config']['num_layers']} "
+             f"layers; default conv backends: {result['default_backends']}", "",
+             "| workload | atoms | edges | impl | ms | compile s | XLA memory GiB | note |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for c in result["cells"]:
+        edges = c.get("edges", "")
+        if "real_edges" in c:
+            edges = f"{c['edges']} ({c['real_edges']} real)"
+        ms = f"{c['ms']:.2f}" if "ms" in c else ""
+        comp = f"{c['compile_s']:.0f}" if "compile_s" in c else ""
+        mem = f"{c['memory_gib']:.2f}" if c.get("memory_gib") is not None else ""
+        note = c.get("error", "") or ("" if c.get("finite", True) else "non-finite output")
+        lines.append(f"| {c['workload']} | {c.get('atoms', c['size'])} | {edges} | {c['impl']} | {ms} | {comp} | {mem} | {note} |")
+    profiled = [c for c in result["cells"] if "profile_ms" in c]
+    if profiled:
+        lines += ["", "GPU time per step by kernel class (ms, profile):", "",
+                  "| workload | impl | " + " | ".join(c for c, _ in KERNEL_CLASSES) + " |",
+                  "|---|---|" + "---|" * len(KERNEL_CLASSES)]  # fmt: skip
+        for c in profiled:
+            lines.append(f"| {c['workload']} | {c['impl']} | " + " | ".join(f"{c['profile_ms'][k]:.2f}" for k, _ in KERNEL_CLASSES) + " |")
+    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    if os.environ.get("OUT"):
+        for f in (out / f"{stem}.json", out / f"{stem}.md"):
+            shutil.copy(f, os.environ["OUT"])
+
+
+if __name__ == "__main__":
+    main()
