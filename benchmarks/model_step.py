@@ -278,7 +278,7 @@ def write(result, out):
         for c in profiled:
             lines.append(f"| {c['workload']} | {c['impl']} | " + " | ".join(f"{c['profile_ms'][k]:.2f}" for k, _ in KERNEL_CLASSES) + " |")
     (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
-    if os.environ.get("OUT"):
+    if os.environ.get("OUT") and pathlib.Path(os.environ["OUT"]).resolve() != out.resolve():
         for f in (out / f"{stem}.json", out / f"{stem}.md"):
             shutil.copy(f, os.environ["OUT"])
 

@@ -104,7 +104,7 @@ def write(result, out):
     lines += [f"| {c['backend']} | {c['graph']} | {c['edges']} | {c['fwd_ms']:.3f} | {c['fwd_bwd_ms']:.3f} | "
               f"{c['fwd_ratio']:.2f}x | {c['fwd_bwd_ratio']:.2f}x |" for c in result["cells"]]  # fmt: skip
     (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
-    if os.environ.get("OUT"):
+    if os.environ.get("OUT") and pathlib.Path(os.environ["OUT"]).resolve() != out.resolve():
         for f in (out / f"{stem}.json", out / f"{stem}.md"):
             shutil.copy(f, os.environ["OUT"])
 
