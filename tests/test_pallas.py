@@ -481,7 +481,8 @@ def test_warps():
 def test_default_backend(monkeypatch, cuda):
     """xla on CPU; on GPU pallas for every product it runs, but xla for shared weights that a
     uvw path contracts over several x channels (a weight matrix per path); where the cuda
-    kernels are available, a wide conv whose backward footprint is small on them, and a
+    kernels are available, a conv at least a warp of channels wide whose backward footprint is
+    small on them (the model step's products: NequIP-OAM-L's, MACE's), and a
     batched channelwise product with per-row weights on cuda (either layout), wide backwards
     too."""
     desc = lambda name: jequi.problems.get(name).descriptor.trilinear  # noqa: E731
@@ -493,8 +494,11 @@ def test_default_backend(monkeypatch, cuda):
     monkeypatch.setitem(jequi.backends.BACKENDS, "cuda", dataclasses.replace(cuda_backend, available=lambda: cuda))
     assert jequi.default_backend() == "pallas"
     for shared in (False, True):
-        assert jequi.default_backend(desc("mace-large"), shared, conv=True) == ("cuda" if cuda else "pallas")
-    for name in ("nequip-oam-main", "nequip-benzene", "diffdock-l1"):  # narrow groups, spills, uvw
+        for name in ("mace-large", "nequip-oam-main", "nequip-oam-first"):
+            assert jequi.default_backend(desc(name), shared, conv=True) == ("cuda" if cuda else "pallas"), name
+    narrow = jequi.channelwise("16x0e+16x1o", "0e+1o", "16x0e+16x1o").descriptor.trilinear
+    assert jequi.default_backend(narrow, conv=True) == "pallas"  # lanes idle below a warp of channels
+    for name in ("nequip-benzene", "diffdock-l1"):  # spills, uvw
         assert jequi.default_backend(desc(name), conv=True) == "pallas", name
     assert jequi.default_backend(unsupported) == "xla"
     for name in ("mace-large", "nequip-oam-main", "nequip-lips", "nequip-benzene", "sevennet-main"):  # the batched product, per-row weights
