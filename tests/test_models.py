@@ -123,6 +123,20 @@ def test_one_training_step_lowers_the_loss():
     assert float(loss(optax.apply_updates(p, updates))) < float(loss(p))
 
 
+def test_batches_share_the_tightest_shape():
+    """make_batches pads every batch to the most atoms and edges of any one batch (one shape),
+    no more."""
+    structures = data.emt_dataset(7, seed=8)
+    batches = make_batches(structures, CONFIG, 3)
+    edges = data.structure_edges(structures, CONFIG.cutoff)
+    groups = [range(0, 3), range(3, 6), range(6, 7)]
+    atoms = max(sum(len(structures[i].numbers) for i in g) for g in groups)
+    n_edges = max(sum(len(edges[i][0]) for i in g) for g in groups)
+    assert len(batches) == 3 and {(b.species.shape[0], b.graph.num_edges) for b in batches} == {(atoms, n_edges)}
+    for b, g in zip(batches, groups):
+        assert int(b.node_mask.sum()) == sum(len(structures[i].numbers) for i in g)
+
+
 def test_padded_batch_and_vmap_match_single_structures():
     structures = data.emt_dataset(3, seed=6)
     singles = []

@@ -50,13 +50,17 @@ def fit_species_shift(config: NequIPConfig, structures: list[Structure]) -> np.n
 
 
 def make_batches(structures, config, batch_size: int):
-    """Fixed-size padded batches (one shape: one compilation)."""
+    """Batches of `batch_size` structures (the last may hold fewer), all padded to one shape (one
+    compilation): the most atoms and the most edges that any one batch holds. Padding to
+    ``batch_size x`` the largest structure instead left 61 % of a 181-structure batch's edges
+    padding, and the model's per-edge work (radial MLP, spherical harmonics) runs on those too
+    (benchmarks/results/2026-11-27-model-step-notes.md)."""
     edges = structure_edges(structures, config.cutoff)
-    n_atoms = max(len(s.numbers) for s in structures)
-    n_edges = max(len(e[0]) for e in edges)
     starts = range(0, len(structures), batch_size)
+    n_atoms = max(sum(len(s.numbers) for s in structures[i : i + batch_size]) for i in starts)
+    n_edges = max(sum(len(e[0]) for e in edges[i : i + batch_size]) for i in starts)
     return [
-        batch(structures[i : i + batch_size], config, batch_size * n_atoms, batch_size * n_edges, edges[i : i + batch_size])
+        batch(structures[i : i + batch_size], config, n_atoms, n_edges, edges[i : i + batch_size])
         for i in starts
     ]
 
