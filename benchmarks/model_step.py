@@ -7,8 +7,9 @@ layers) and at a MACE-like width (``128x0e+128x1o+128x2e``, lmax 3, 2 layers). W
 * ``md``: one large periodic structure (a rattled fcc Cu-Au alloy), energy and forces, what a
   molecular-dynamics step runs, at about 1k, 4k, 16k and 64k atoms (``--atoms``);
 * ``train``: the force-training step (gradient of the energy + force loss, so the conv's
-  second derivatives) on a padded batch of EMT-labelled structures (``--batch-atoms``),
-  padded as ``jequi.models.train.make_batches`` pads (out-of-range indices).
+  second derivatives) on a padded batch of EMT-labelled structures (``--batch-atoms``), with
+  ``--padding`` of its edges (and 10 % of its nodes) padding, as a data loader with a fixed
+  budget pads (out-of-range indices, ``jequi.models.data.batch``).
 
 Implementations (``--impls``): ``jequi`` (the default backend), ``jequi-<backend>``,
 ``e3nn`` (gather, e3nn-jax's product, ``segment_sum``) and ``cuex`` (cuEquivariance-JAX's
@@ -50,7 +51,7 @@ import jequi
 from jequi.descriptor import layout_positions
 from jequi.models import NequIP, NequIPConfig, data
 from jequi.models.nequip import energy_and_forces
-from jequi.models.train import errors, make_batches
+from jequi.models.train import errors
 
 MODELS = {
     "nequip-oam-l": NequIPConfig(hidden="128x0e+64x1o+32x2e+32x3o", sh_lmax=3, num_layers=4, radial_hidden=64),
@@ -134,9 +135,13 @@ def md_step(config, atoms, params):
     return fn, (params, positions, graph), {"atoms": len(atoms), "edges": graph.num_edges}
 
 
-def train_step(config, structures, batch_size, params):
+def train_step(config, structures, batch_size, params, padding: float):
     """``(fn, args, info)``: the gradient of the energy + force loss on one padded batch."""
-    b = make_batches(structures[:batch_size], config, batch_size)[0]
+    chosen = structures[:batch_size]
+    edges = data.structure_edges(chosen, config.cutoff)
+    atoms = sum(len(s.numbers) for s in chosen)
+    n_edge = int(sum(len(e[0]) for e in edges) / (1 - padding))
+    b = data.batch(chosen, config, int(atoms * 1.1), n_edge, edges)
 
     def fn(params, b):
         return jax.grad(lambda p: errors(p, config, b)[0])(params)
@@ -195,6 +200,7 @@ def main():
     ap.add_argument("--impls", default="jequi,jequi-cuda,jequi-pallas,e3nn,cuex")
     ap.add_argument("--atoms", default="1000,4000,16000,64000", help="md structure sizes")
     ap.add_argument("--batch-atoms", default="1000,4000", help="training batch sizes (atoms, about)")
+    ap.add_argument("--padding", type=float, default=0.3, help="fraction of the training batch's edges that pad")
     ap.add_argument("--skip", default="", help="impl@workload@size cells not to run, comma list (e.g. jequi-pallas@md@64000)")
     ap.add_argument("--profile", default="jequi", help="impls profiled at 4,000 atoms")
     ap.add_argument("--largest", action="store_true", help="double the md structure past --atoms until each impl fails")
@@ -233,7 +239,7 @@ def main():
     for size in (int(s) for s in a.batch_atoms.split(",")):
         batch_size = max(1, size // 22)  # the EMT structures average about 22 atoms
         for impl in impls:
-            run("train", size, impl, lambda c, bs=batch_size: train_step(c, structures, bs, params))
+            run("train", size, impl, lambda c, bs=batch_size: train_step(c, structures, bs, params, a.padding))
     sizes = [int(s) for s in a.atoms.split(",")]
     failed = set()
     for size in sizes:
