@@ -23,7 +23,10 @@ Device tool, from the repo root (peers carried for cuex):
 
     source .peers/setup_peers.sh; python3 benchmarks/model_step.py --model mace-width
 
-Writes ``<date>-<device>-model-<model>.{json,md}`` into --out (and $OUT) after every cell.
+Writes ``<date>-<device>-model-<model>.{json,md}`` into --out (and $OUT) after every cell;
+``--plot FILE.json ...`` draws the step times of saved results into one PNG (no GPU needed).
+``--largest`` runs each size in a fresh process (an allocator that served other cells can
+be too fragmented for the largest one).
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ import os
 import pathlib
 import re
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -205,7 +210,10 @@ def main():
     ap.add_argument("--profile", default="jequi", help="impls profiled at 4,000 atoms")
     ap.add_argument("--largest", action="store_true", help="double the md structure past --atoms until each impl fails")
     ap.add_argument("--out", default=str(pathlib.Path(__file__).resolve().parent / "results"))
+    ap.add_argument("--plot", nargs="+", metavar="JSON", help="draw saved results into --out and exit")
     a = ap.parse_args()
+    if a.plot:
+        return plot([json.loads(pathlib.Path(f).read_text()) for f in a.plot], pathlib.Path(a.out))
     dev = jax.devices()[0]
     config = MODELS[a.model]
     impls = a.impls.split(",")
@@ -235,8 +243,9 @@ def main():
         return cell
 
     params = init(config)
-    structures = data.emt_dataset(max(int(s) for s in a.batch_atoms.split(",")) // 20 + 8, seed=1)
-    for size in (int(s) for s in a.batch_atoms.split(",")):
+    batch_atoms = [int(s) for s in a.batch_atoms.split(",") if s]
+    structures = data.emt_dataset(max(batch_atoms) // 20 + 8, seed=1) if batch_atoms else []
+    for size in batch_atoms:
         batch_size = max(1, size // 22)  # the EMT structures average about 22 atoms
         for impl in impls:
             run("train", size, impl, lambda c, bs=batch_size: train_step(c, structures, bs, params, a.padding))
@@ -249,14 +258,25 @@ def main():
                 cell = run("md", size, impl, lambda c, atoms=atoms: md_step(c, atoms, params))
                 if cell is not None and "error" in cell:
                     failed.add(impl)
-    size = sizes[-1]
-    while a.largest and set(impls) - failed:
+    for impl in impls if a.largest else ():
+        result["largest"] = {**result.get("largest", {}), impl: largest(a.model, impl, sizes[0])}
+        write(result, out)
+
+
+def largest(model: str, impl: str, start: int) -> dict:
+    """The largest md structure (atoms) that `impl` runs, doubling from `start`, each size in a
+    fresh process: ``{"fits": atoms or None, "fails": atoms, "error": ...}``."""
+    found, size = {"fits": None}, start
+    while True:
+        cmd = [sys.executable, __file__, "--model", model, "--impls", impl, "--atoms", str(size), "--batch-atoms", "",
+               "--profile", "", "--out", tempfile.mkdtemp()]  # fmt: skip
+        lines = subprocess.run(cmd, capture_output=True, text=True).stdout.splitlines()
+        cells = [json.loads(line) for line in lines if line.startswith("{")]
+        if not cells or "error" in cells[-1]:
+            return {**found, "fails": size, "error": cells[-1]["error"] if cells else "no result"}
+        found["fits"] = cells[-1]["atoms"]
+        print(f"largest: {impl} runs {found['fits']} atoms", flush=True)
         size *= 2
-        atoms = alloy(size)
-        for impl in sorted(set(impls) - failed):
-            cell = run("md", size, impl, lambda c, atoms=atoms: md_step(c, atoms, params))
-            if cell is not None and "error" in cell:
-                failed.add(impl)
 
 
 def write(result, out):
@@ -283,10 +303,50 @@ def write(result, out):
                   "|---|---|" + "---|" * len(KERNEL_CLASSES)]  # fmt: skip
         for c in profiled:
             lines.append(f"| {c['workload']} | {c['impl']} | " + " | ".join(f"{c['profile_ms'][k]:.2f}" for k, _ in KERNEL_CLASSES) + " |")
+    if result.get("largest"):
+        lines += ["", "Largest md structure that runs (atoms; each size in a fresh process):", ""]
+        lines += [f"- {impl}: {v['fits']} (fails at {v['fails']}: {v['error']})" for impl, v in result["largest"].items()]
     (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
     if os.environ.get("OUT") and pathlib.Path(os.environ["OUT"]).resolve() != out.resolve():
         for f in (out / f"{stem}.json", out / f"{stem}.md"):
             shutil.copy(f, os.environ["OUT"])
+
+
+def plot(results: list[dict], out: pathlib.Path) -> pathlib.Path:
+    """One panel per model: each cell's ms per implementation (log scale), a cross where an
+    implementation ran out of memory or could not run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    impls = sorted({c["impl"] for r in results for c in r["cells"]})
+    color = {impl: f"C{i}" for i, impl in enumerate(impls)}
+    fig, axes = plt.subplots(1, len(results), figsize=(5.5 * len(results), 4.2), squeeze=False)
+    for ax, r in zip(axes[0], results):
+        keys = sorted({(c["workload"], c.get("atoms", c["size"])) for c in r["cells"]})
+        present = [impl for impl in impls if any(c["impl"] == impl for c in r["cells"])]
+        width = 0.8 / len(present)
+        failed = []
+        for i, impl in enumerate(present):
+            cells = {(c["workload"], c.get("atoms", c["size"])): c for c in r["cells"] if c["impl"] == impl}
+            xs = [j + (i - (len(present) - 1) / 2) * width for j, k in enumerate(keys) if k in cells]
+            ax.bar(xs, [cells[k].get("ms", float("nan")) for k in keys if k in cells], width, label=impl, color=color[impl])
+            failed += [(x, impl) for x, k in zip(xs, [k for k in keys if k in cells]) if "error" in cells[k]]
+        ax.set_yscale("log")
+        bottom = ax.get_ylim()[0]
+        for x, impl in failed:
+            ax.plot(x, bottom * 1.15, "x", color=color[impl], ms=8)
+        ax.set_xticks(range(len(keys)), [f"{w}\n{n} atoms" for w, n in keys], fontsize=7)
+        ax.set_ylabel("ms per step (x: out of memory or n/a)")
+        ax.set_title(f"{r['model']}, {r['device']} ({r['date']})", fontsize=9)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = out / f"{results[0]['date']}-model-step.png"
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    print(path)
+    return path
 
 
 if __name__ == "__main__":
