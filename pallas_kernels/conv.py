@@ -36,7 +36,7 @@ from jequi.descriptor import layout_positions
 from jequi.graph import RowParts, part_edges, row_parts
 
 from . import tensor_product
-from .lowering import pallas_call
+from .lowering import on_gpu, pallas_call
 from .tensor_product import (
     ALL,
     _iota,
@@ -145,9 +145,23 @@ def split_rows(offsets, num_edges: int, programs_per_part: int, warps: int, kaha
 
 def add_extras(out, extras, firsts):
     """``out`` ``(R, d)`` plus the extras of the rows split in parts: ``out[r] += extras[firsts[r]
-    - r] + ... + extras[firsts[r + 1] - r - 2]``, in that order (bitwise reproducible), in place
-    (``firsts`` as :class:`jequi.graph.RowParts`). A program per row and block of columns; rows of
-    one part return at once."""
+    - r] + ... + extras[firsts[r + 1] - r - 2]``, in that order (bitwise reproducible; ``firsts``
+    as :class:`jequi.graph.RowParts`): on the GPU a kernel that updates ``out`` in place
+    (:func:`add_extras_kernel`), on the CPU XLA's segment sum, which adds in index order there
+    (an interpreted kernel launch per conv cost seconds of every CPU test)."""
+    num_rows, d = out.shape
+    if on_gpu():
+        return add_extras_kernel(out, extras, firsts)
+    ends = firsts - jnp.arange(num_rows + 1, dtype=firsts.dtype)  # row r's extras: ends[r]:ends[r + 1]
+    extras = extras.reshape(-1, d)
+    k = jnp.arange(extras.shape[0])
+    row, real = jnp.searchsorted(ends, k, side="right") - 1, k < ends[-1]
+    return out + jax.ops.segment_sum(jnp.where(real[:, None], extras, 0), jnp.where(real, row, num_rows), num_rows)
+
+
+def add_extras_kernel(out, extras, firsts):
+    """:func:`add_extras` as a Pallas kernel: a program per row and block of columns, in place;
+    rows of one part return at once."""
     num_rows, d = out.shape
     pieces = tensor_product.chunks(d)
     blocks = [pieces[i : i + FIXUP_PIECES] for i in range(0, len(pieces), FIXUP_PIECES)]

@@ -90,6 +90,29 @@ def test_row_parts(most):
     assert len(set(slots.tolist())) == parts.num_parts and slots.max() < 12 + max(1, parts.num_extras)
 
 
+def test_add_extras_kernel():
+    """The fixup that adds the partial sums of rows walked in parts: the Pallas kernel (in place,
+    columns in blocks; interpreted here) and the CPU path give each row plus its extras, in
+    part order, and leave rows of one part untouched."""
+    rng = np.random.default_rng(3)
+    counts = np.array([0, 3, 30, 1, 9, 0, 17])
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    parts = jequi.graph.row_parts(offsets, int(offsets[-1]) + 2, 4)
+    d = 1100  # more than one block of columns (FIXUP_PIECES pieces of 128), a tail piece
+    out = rng.normal(size=(7, d)).astype(np.float32)
+    extras = rng.normal(size=(parts.num_extras, d)).astype(np.float32)
+    firsts = np.asarray(parts.firsts)
+    want = out.copy()
+    for r in range(7):
+        for k in range(firsts[r] - r, firsts[r + 1] - r - 1):
+            want[r] += extras[k]
+    for fn in (pallas_kernels.conv.add_extras_kernel, pallas_kernels.conv.add_extras):
+        got = np.asarray(jax.jit(fn)(out, extras, parts.firsts))
+        assert np.allclose(got, want, rtol=1e-6, atol=1e-5)
+        single = np.diff(firsts) == 1
+        assert np.array_equal(got[single], out[single])
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_out_of_range_indices_are_dropped(tp, backend):
     rng = np.random.default_rng(2)
