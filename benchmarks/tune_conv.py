@@ -12,8 +12,8 @@
         [--layouts mul_ir,ir_mul]
 
 Knobs (module constants): EDGES_PER_STEP (edges per loop step), ACCUMULATOR_REGISTERS (the
-conv forward's output grouping, 32-bit registers per thread), EDGE_SPLITS (programs per row's
-edges, auto = edge_splits' rule), COTANGENT_LAYOUT (the layout the conv backward reads the
+conv forward's output grouping, 32-bit registers per thread), FILL_WARPS (the warps a small
+graph's rows are split to fill, fill_edges' rule), COTANGENT_LAYOUT (the layout the conv backward reads the
 output cotangent in), BACKWARD_CHUNKS (the backward's programs per x segment, auto =
 backward_programs' rule), CHAINED_FORWARD (the forward's multiply-adds start from the edge
 loop's sums, auto = by dtype) of pallas_kernels.conv; FORWARD_WARPS and BACKWARD_WARPS
@@ -62,7 +62,7 @@ KNOBS = {  # option -> (module, constant, parse)
     "forward_warps": (tensor_product, "FORWARD_WARPS", lambda v: None if v == "auto" else int(v)),
     "backward_warps": (tensor_product, "BACKWARD_WARPS", lambda v: None if v == "auto" else int(v)),
     "lane_sums": (tensor_product, "LANE_SUMS", str),
-    "edge_splits": (conv, "EDGE_SPLITS", lambda v: None if v == "auto" else int(v)),
+    "fill_warps": (conv, "FILL_WARPS", int),
     "rows": (tensor_product, "ROWS_PER_PROGRAM", lambda v: None if v == "auto" else int(v)),
     "backward_groups": (tensor_product, "BACKWARD_GROUPS", lambda v: None if v == "auto" else _FLAGS[v]),
     "forward_accumulators": (tensor_product, "FORWARD_ACCUMULATORS", lambda v: None if v == "auto" else int(v)),
@@ -120,7 +120,7 @@ def main():
     ap.add_argument("--dbl-force", action="store_true", help="time force training's double backward (dblf) instead")
     ap.add_argument("--layouts", default="mul_ir", help="comma list of the products' layouts (mul_ir, ir_mul)")
     defaults = {"steps": "1", "accumulators": "64", "forward_warps": "auto", "backward_warps": "auto", "lane_sums": "tile",
-                "edge_splits": "auto", "rows": "auto", "backward_groups": "auto", "forward_accumulators": "auto",
+                "fill_warps": str(conv.FILL_WARPS), "rows": "auto", "backward_groups": "auto", "forward_accumulators": "auto",
                 "cotangent_layout": conv.COTANGENT_LAYOUT, "backward_chunks": "auto", "channel_windows": "auto",
                 "fma": "1", "chained_forward": "auto", "fused_forward": "auto", "fused_second": "auto",
                 "forward_block_rows": str(row_blocks.FORWARD_ROWS), "forward_block_warps": str(row_blocks.FORWARD_WARPS),

@@ -3,13 +3,15 @@
 ``out[r] = sum over edges e into r of tp(x[senders[e]], y[e], w[e])``, on a
 :class:`jequi.Graph` (edges in any order; the graph holds both CSR orders):
 
-* :func:`conv_forward` walks receivers: a program owns a receiver (and a group of output
-  segments, :func:`conv_output_groups`; on small graphs a slice of its edges,
-  :func:`edge_splits`), loops over its edges in receiver order (a dynamic-length loop), computes each edge's product with the generated
-  instruction stream of :mod:`.tensor_product`, keeps the sum in registers and writes the
-  output row once. No per-edge output buffer, no atomics: the summation order is fixed by
-  the graph, so results are bitwise reproducible.
-* :func:`conv_backward` walks senders through the transpose order: for each edge it writes
+* :func:`conv_forward` walks receivers: a program owns a part of a receiver's edges (the
+  whole row unless it is a hub or the graph is small, :func:`split_rows`) and a group of
+  output segments (:func:`conv_output_groups`), loops over its edges in receiver order (a
+  dynamic-length loop), computes each edge's product with the generated instruction stream
+  of :mod:`.tensor_product`, keeps the sum in registers and writes it once; the parts of a
+  split row are added in a fixed order after (:func:`add_extras`). No per-edge output buffer,
+  no atomics: the summation order is fixed by the graph, so results are bitwise reproducible.
+* :func:`conv_backward` walks senders (in parts, as the forward) through the transpose order, and
+  the parts of the dropped edges (out-of-range indices) to zero their gradients: for each edge it writes
   ``gy[e]`` and ``gw[e]`` (per-edge, no reduction) and adds the edge's ``gx`` contribution
   to the sender's sum, written once. One kernel (programs split by ``x`` segment and by
   chunks of its paths, :func:`backward_programs`; a partial ``gy`` each),
