@@ -120,14 +120,10 @@ def _edge_loop(start, end, body, init, kahan):
 # float32 32, 64 and 128 ran within 5 % of each other.
 ACCUMULATOR_REGISTERS = 64
 
-# Parts of rows on a graph too small to fill the GPU: a conv has a program per row part (and
-# output or input group), and a 512-atom batch has 512 rows for 132 SMs, each walking ~42
-# edges in sequence. :func:`fill_edges` lowers the most edges per part
-# (:func:`jequi.graph.part_edges`) until the grid has about FILL_WARPS warps (half of what an
-# H100/H200 holds resident); the parts' partial sums are added in a fixed order (:func:`add_extras`).
-# Measured with uniform splits of every row (H200, f32, 500-atom copper, 21,000 edges, the
-# model's channelwise product): fwd+bwd 0.191 ms whole, 0.134 in 2 parts, 0.129 in 4,
-# 0.173 in 8 (benchmarks/results/2026-11-21-h200-tune.md).
+# Rows of a graph too small to fill the GPU (a few hundred rows for 132 SMs) are split further:
+# :func:`fill_edges` lowers the most edges per part (:func:`jequi.graph.part_edges`) until the
+# grid has about FILL_WARPS warps, half of what the GPU holds resident; splitting measured faster
+# on small batches (benchmarks/results/2026-11-21-h200-tune.md).
 FILL_WARPS = 4096
 
 

@@ -109,12 +109,10 @@ def resolve(name: str | None, desc, shared_weights: bool = False, conv: bool = F
 # The CUDA kernels run the conv of a channelwise product where a backward lane holds at most
 # CUDA_FOOTPRINT values per edge (ffi.schedule.backward_footprint) and every path is at least a
 # warp of channels wide (CUDA_CONV_MIN_CHANNELS: the kernels put channels on lanes). Decided by
-# the model step: NequIP at NequIP-OAM-L width (32-128 channels, 86 values) runs MD energy and
-# forces and the padded force-training step faster on them than on Pallas (H100, 4,000 atoms:
-# 8.68 vs 11.00 ms and 46.6 vs 54.5 ms; benchmarks/results/2026-11-27-nvidia-h100-80gb-hbm3-model-nequip-oam-l.md),
-# as MACE-large's conv does (2026-11-23-h200-conv-cuda-*.md); products of 16 or fewer channels
-# (jequi.models' small widths) ran the model 2-2.8x slower (2026-11-23-nvidia-h200-model-cuda.md),
-# and NequIP-benzene (134 values) stays on Pallas (2026-11-26-h200-conv-final-notes.md).
+# the model step, where NequIP at NequIP-OAM-L width ran faster on them than on Pallas
+# (benchmarks/results/2026-11-27-model-step-notes.md); narrower products ran slower
+# (2026-11-23-nvidia-h200-model-cuda.md), and NequIP-benzene's footprint keeps it on Pallas
+# (2026-11-26-h200-conv-final-notes.md).
 CUDA_CONV_MIN_CHANNELS = 32
 CUDA_FOOTPRINT = 100
 
