@@ -37,10 +37,8 @@ import dataclasses
 import datetime
 import glob
 import json
-import os
 import pathlib
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -50,7 +48,7 @@ import e3nn_jax as e3nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-from timing import median_ms
+from timing import median_ms, save
 
 import jequi
 from jequi.descriptor import layout_positions
@@ -280,9 +278,6 @@ def largest(model: str, impl: str, start: int) -> dict:
 
 
 def write(result, out):
-    stem = f"{result['date']}-{re.sub('[^a-z0-9]+', '-', result['device'].lower()).strip('-')}-model-{result['model']}"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
     lines = [f"# {result['model']} on {result['device']} ({result['date']}, jax {result['jax']})", "",
              f"hidden {result['config']['hidden']}, lmax {result['config']['sh_lmax']}, {result['config']['num_layers']} "
              f"layers; default conv backends: {result['default_backends']}", "",
@@ -306,10 +301,7 @@ def write(result, out):
     if result.get("largest"):
         lines += ["", "Largest md structure that runs (atoms; each size in a fresh process):", ""]
         lines += [f"- {impl}: {v['fits']} (fails at {v['fails']}: {v['error']})" for impl, v in result["largest"].items()]
-    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
-    if os.environ.get("OUT") and pathlib.Path(os.environ["OUT"]).resolve() != out.resolve():
-        for f in (out / f"{stem}.json", out / f"{stem}.md"):
-            shutil.copy(f, os.environ["OUT"])
+    save(result, f"model-{result['model']}", "\n".join(lines) + "\n", out)
 
 
 def plot(results: list[dict], out: pathlib.Path) -> pathlib.Path:

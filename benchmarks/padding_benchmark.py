@@ -18,16 +18,12 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
-import os
 import pathlib
-import re
-import shutil
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from timing import median_ms
+from timing import median_ms, save
 
 import jequi
 
@@ -94,19 +90,13 @@ def main():
 
 
 def write(result, out):
-    stem = f"{result['date']}-{re.sub('[^a-z0-9]+', '-', result['device'].lower()).strip('-')}-padding"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
     lines = [f"# The conv on padded and hub graphs, {result['device']} ({result['date']}, jax {result['jax']})", "",
              f"`{result['problem']}`, {result['dtype']}, random graph of {result['nodes']} nodes x {result['degree']} "
              "edges; ratio: time per real edge over the unpadded graph's (target: padding <= 1.1x, hub <= 1.2x)", "",
              "| backend | graph | edges | fwd ms | fwd+bwd ms | fwd ratio | fwd+bwd ratio |", "|---|---|---|---|---|---|---|"]  # fmt: skip
     lines += [f"| {c['backend']} | {c['graph']} | {c['edges']} | {c['fwd_ms']:.3f} | {c['fwd_bwd_ms']:.3f} | "
               f"{c['fwd_ratio']:.2f}x | {c['fwd_bwd_ratio']:.2f}x |" for c in result["cells"]]  # fmt: skip
-    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
-    if os.environ.get("OUT") and pathlib.Path(os.environ["OUT"]).resolve() != out.resolve():
-        for f in (out / f"{stem}.json", out / f"{stem}.md"):
-            shutil.copy(f, os.environ["OUT"])
+    save(result, "padding", "\n".join(lines) + "\n", out)
 
 
 if __name__ == "__main__":

@@ -29,3 +29,23 @@ def timed(fn, args, repeat: int = 5, calls: int = 5) -> tuple[float, float]:
     jax.block_until_ready(fn(*args))
     first_s = time.perf_counter() - t0
     return median_ms(fn, args, repeat, calls), first_s
+
+
+def save(result: dict, kind: str, markdown: str, out) -> str:
+    """Write ``<date>-<device>-<kind>.{json,md}`` into `out` (and into $OUT on the GPU machine,
+    when that is another folder); returns the stem."""
+    import json
+    import os
+    import pathlib
+    import re
+    import shutil
+
+    out = pathlib.Path(out)
+    stem = f"{result['date']}-{re.sub('[^a-z0-9]+', '-', result['device'].lower()).strip('-')}-{kind}"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
+    (out / f"{stem}.md").write_text(markdown)
+    if os.environ.get("OUT") and pathlib.Path(os.environ["OUT"]).resolve() != out.resolve():
+        for f in (out / f"{stem}.json", out / f"{stem}.md"):
+            shutil.copy(f, os.environ["OUT"])
+    return stem
