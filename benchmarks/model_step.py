@@ -14,9 +14,11 @@ layers) and at a MACE-like width (``128x0e+128x1o+128x2e``, lmax 3, 2 layers). W
 Implementations (``--impls``): ``jequi`` (the default backend), ``jequi-<backend>``,
 ``e3nn`` (gather, e3nn-jax's product, ``segment_sum``) and ``cuex`` (cuEquivariance-JAX's
 fused indexed ``segmented_polynomial``, uniform multiplicities only; its operands converted to
-``ir_mul``, its weights in its own order: a timing, not the same numbers). Each cell: median
+``ir_mul``, its weights in its own order: a timing, not the same numbers); a jequi impl
+followed by ``/k`` runs its radial conv in ``k`` edge chunks (``NequIPConfig.edge_chunks``;
+default: the memory rule of ``TensorProduct.radial_conv``). Each cell: median
 ms, compile s, XLA's memory estimate (arguments + outputs + temporaries) and, for ``--profile``
-impls, the GPU time by kernel class from a profile. ``--largest`` keeps doubling the ``md``
+impls, the GPU time by kernel class from a profile. ``--largest`` doubles the ``md``
 structure until an implementation fails, for the largest system that fits.
 
 Device tool, from the repo root (peers carried for cuex):
@@ -104,6 +106,10 @@ def cuex_conv(tp, x, sh, weights, graph):
 
 
 def variant(config: NequIPConfig, impl: str) -> NequIPConfig:
+    """The model for `impl`; ``<jequi impl>/<k>`` runs its radial conv in `k` edge chunks."""
+    if "/" in impl:
+        impl, chunks = impl.split("/")
+        return dataclasses.replace(variant(config, impl), edge_chunks=int(chunks))
     if impl == "jequi":
         return config
     if impl.startswith("jequi-"):
@@ -206,7 +212,8 @@ def main():
     ap.add_argument("--padding", type=float, default=0.3, help="fraction of the training batch's edges that pad")
     ap.add_argument("--skip", default="", help="impl@workload@size cells not to run, comma list (e.g. jequi-pallas@md@64000)")
     ap.add_argument("--profile", default="jequi", help="impls profiled at 4,000 atoms")
-    ap.add_argument("--largest", action="store_true", help="double the md structure past --atoms until each impl fails")
+    ap.add_argument("--largest", action="store_true", help="double the md structure from --largest-from until each impl fails")
+    ap.add_argument("--largest-from", type=int, help="first size of the --largest search (default: the first of --atoms)")
     ap.add_argument("--out", default=str(pathlib.Path(__file__).resolve().parent / "results"))
     ap.add_argument("--plot", nargs="+", metavar="JSON", help="draw saved results into --out and exit")
     a = ap.parse_args()
@@ -257,24 +264,36 @@ def main():
                 if cell is not None and "error" in cell:
                     failed.add(impl)
     for impl in impls if a.largest else ():
-        result["largest"] = {**result.get("largest", {}), impl: largest(a.model, impl, sizes[0])}
+        result["largest"] = {**result.get("largest", {}), impl: largest(a.model, impl, a.largest_from or sizes[0])}
         write(result, out)
 
 
 def largest(model: str, impl: str, start: int) -> dict:
-    """The largest md structure (atoms) that `impl` runs, doubling from `start`, each size in a
-    fresh process: ``{"fits": atoms or None, "fails": atoms, "error": ...}``."""
-    found, size = {"fits": None}, start
-    while True:
+    """The largest md structure (atoms) that `impl` runs, doubling from `start` until a size
+    fails, then one size between the last two (about 1.4x), each size in a fresh process:
+    ``{"fits": atoms or None, "ms": its step, "fails": atoms, "error": ...}``."""
+
+    def attempt(size):
         cmd = [sys.executable, __file__, "--model", model, "--impls", impl, "--atoms", str(size), "--batch-atoms", "",
                "--profile", "", "--out", tempfile.mkdtemp()]  # fmt: skip
         lines = subprocess.run(cmd, capture_output=True, text=True).stdout.splitlines()
         cells = [json.loads(line) for line in lines if line.startswith("{")]
-        if not cells or "error" in cells[-1]:
-            return {**found, "fails": size, "error": cells[-1]["error"] if cells else "no result"}
-        found["fits"] = cells[-1]["atoms"]
-        print(f"largest: {impl} runs {found['fits']} atoms", flush=True)
+        cell = cells[-1] if cells else {"error": "no result"}
+        print(f"largest: {impl} at {size}: {cell.get('error') or cell.get('ms')}", flush=True)
+        return cell
+
+    found, size = {"fits": None}, start
+    while "error" not in (cell := attempt(size)):
+        found.update(fits=cell["atoms"], ms=cell["ms"], memory_gib=cell.get("memory_gib"))
         size *= 2
+    found.update(fails=size, error=cell["error"])
+    if found["fits"]:
+        between = int(size / 2**0.5)
+        if "error" not in (cell := attempt(between)):
+            found.update(fits=cell["atoms"], ms=cell["ms"], memory_gib=cell.get("memory_gib"))
+        else:
+            found.update(fails=between, error=cell["error"])
+    return found
 
 
 def write(result, out):
@@ -300,7 +319,8 @@ def write(result, out):
             lines.append(f"| {c['workload']} | {c['impl']} | " + " | ".join(f"{c['profile_ms'][k]:.2f}" for k, _ in KERNEL_CLASSES) + " |")
     if result.get("largest"):
         lines += ["", "Largest md structure that runs (atoms; each size in a fresh process):", ""]
-        lines += [f"- {impl}: {v['fits']} (fails at {v['fails']}: {v['error']})" for impl, v in result["largest"].items()]
+        lines += [f"- {impl}: {v['fits']} ({v.get('ms', 0):.0f} ms; fails at {v['fails']}: {v['error'][:120]})"
+                  for impl, v in result["largest"].items()]
     save(result, f"model-{result['model']}", "\n".join(lines) + "\n", out)
 
 

@@ -249,6 +249,68 @@ class TensorProduct:
         return e3nn.IrrepsArray(self.irreps_out, out) if wrap else out
 
 
+    def radial_conv(self, x, y, hidden, kernel, graph, *, edge_chunks: int | None = None, backend: str | None = None, kahan: bool = False):
+        """:meth:`conv` with per-edge weights ``w = hidden @ kernel`` (a radial MLP's last linear
+        layer), without the whole ``(E, weight_numel)`` weight array in memory.
+
+        ``hidden (E, H)``: the MLP's last hidden values per edge; ``kernel (H, weight_numel)``:
+        its last layer's matrix. The edges run in ``edge_chunks`` chunks (default: enough that
+        one chunk's weights hold at most :data:`EDGE_CHUNK_VALUES` values); each chunk's
+        weights are computed, used and dropped, and recomputed for the backward
+        (``jax.checkpoint``), so the memory of a model's largest graph is set by its hidden
+        values (``H`` a edge) rather than ``weight_numel`` a edge. One chunk is plain
+        ``conv(x, y, hidden @ kernel, graph)``. The graph must be a :class:`jequi.Graph`; every
+        backend, derivative order and ``vmap`` works as for :meth:`conv`.
+        """
+        if not isinstance(graph, graph_lib.Graph):
+            raise TypeError(f"radial_conv needs a jequi.Graph (Graph.build), got {type(graph).__name__}")
+        hidden, kernel = jnp.asarray(hidden), jnp.asarray(kernel)
+        if kernel.ndim != 2 or kernel.shape[1] != self.weight_numel:
+            raise ValueError(f"kernel has shape {kernel.shape}; expected (hidden, weight_numel={self.weight_numel})")
+        if hidden.ndim != 2 or hidden.shape[1] != kernel.shape[0] or hidden.shape[0] != graph.num_edges:
+            raise ValueError(
+                f"hidden has shape {hidden.shape}; expected (edges, hidden) = ({graph.num_edges}, {kernel.shape[0]})"
+            )
+        num_edges = graph.num_edges
+        if edge_chunks is None:
+            edge_chunks = -(-num_edges * self.weight_numel // EDGE_CHUNK_VALUES)
+        if not isinstance(edge_chunks, int) or edge_chunks < 1:
+            raise ValueError(f"edge_chunks must be a positive int, got {edge_chunks!r}")
+        edge_chunks = min(edge_chunks, max(num_edges, 1))
+        if edge_chunks == 1:
+            return self.conv(x, y, hidden @ kernel, graph, backend=backend, kahan=kahan)
+
+        wrap = isinstance(x, e3nn.IrrepsArray) or isinstance(y, e3nn.IrrepsArray)
+        x, _ = _unwrap(x, self.irreps_in1, "x")
+        y, _ = _unwrap(y, self.irreps_in2, "y")
+        size = -(-num_edges // edge_chunks)
+        pad = edge_chunks * size - num_edges
+
+        def chunked(a, fill):
+            a = jnp.concatenate([a, jnp.full((pad, *a.shape[1:]), fill, a.dtype)]) if pad else a
+            return a.reshape(edge_chunks, size, *a.shape[1:])
+
+        # padding edges go to receiver num_nodes: out of range, they contribute nothing
+        build = lambda s, r: graph_lib.Graph.build(s, r, graph.num_nodes, graph.num_senders)  # noqa: E731
+        graphs = jax.vmap(build)(chunked(graph.senders, 0), chunked(graph.receivers, graph.num_nodes))
+
+        @functools.partial(jax.checkpoint, prevent_cse=False)
+        def part(x, kernel, h, y, g):
+            return self.conv(x, y, h @ kernel, g, backend=backend, kahan=kahan)
+
+        def step(out, chunk):
+            return out + part(x, kernel, *chunk), None
+
+        out = jnp.zeros((graph.num_nodes, self.descriptor.dims[2]), jnp.result_type(x, y, hidden, kernel))
+        out, _ = jax.lax.scan(step, out, (chunked(hidden, 0), chunked(y, 0), graphs))
+        return e3nn.IrrepsArray(self.irreps_out, out) if wrap else out
+
+
+# The most weights one chunk of :meth:`TensorProduct.radial_conv` holds (2**28 float32 values:
+# 1 GiB): above it, the weight array would be a model's largest buffer.
+EDGE_CHUNK_VALUES = 2**28
+
+
 def channelwise(irreps_in1, irreps_in2, filter_irreps_out, **kwargs) -> TensorProduct:
     """The MACE/NequIP channelwise (``uvu``) product.
 

@@ -257,3 +257,64 @@ def test_sorted_edges_and_edge_loop_unrolling(tp, edges_per_step, fresh_kernels,
     assert_close(tp.conv(x, y, w, g, backend="pallas"), reference(tp, x, y, w, s, r, 7), 1e-12)
     for a, b in zip(jax.grad(loss("pallas"), (0, 1, 2))(x, y, w), jax.grad(loss("xla"), (0, 1, 2))(x, y, w)):
         assert_close(a, b, 1e-12)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("chunks", [1, 4])
+def test_radial_conv_equals_conv_of_the_weights(tp, backend, chunks):
+    """radial_conv(x, y, h, K) = conv(x, y, h @ K): values, first and second derivatives (a
+    force-training loss), with padding edges and edges split into chunks that do not divide E."""
+    rng = np.random.default_rng(4)
+    n, e, hid = 6, 23, 5
+    x, y, _, s, r = graph(rng, tp, n, e)
+    r[[3, 11]] = -1  # padding edges
+    h = rng.normal(size=(e, hid))
+    k = rng.normal(size=(hid, tp.weight_numel)) / hid
+    g = jequi.Graph.build(s, r, n)
+    seed = rng.normal(size=(n, tp.irreps_out.dim))
+
+    def loss(fn, x, y, h, k):
+        return jnp.sum(seed * fn(x, y, h, k) ** 2)
+
+    def radial(x, y, h, k):
+        return tp.radial_conv(x, y, h, k, g, edge_chunks=chunks, backend=backend)
+
+    def plain(x, y, h, k):
+        return tp.conv(x, y, h @ k, g, backend="xla")
+
+    def force_loss(fn, x, y, h, k):  # a loss on the gradient in y and h, as force training has
+        gy, gh = jax.grad(loss, argnums=(2, 3))(fn, x, y, h, k)
+        return jnp.sum(gy**2) + jnp.sum(jnp.sin(gh))
+
+    assert_close(radial(x, y, h, k), plain(x, y, h, k), 1e-12, "values")
+    for order, f in (("first", loss), ("second", force_loss)):
+        got = jax.jit(jax.grad(lambda *a: f(radial, *a), argnums=(0, 1, 2, 3)))(x, y, h, k)
+        want = jax.grad(lambda *a: f(plain, *a), argnums=(0, 1, 2, 3))(x, y, h, k)
+        for name, a, b in zip("xyhk", got, want):
+            assert_close(a, b, 1e-10, f"{order}-order gradient in {name}")
+
+
+def test_radial_conv_chunk_rule_and_errors(tp, monkeypatch):
+    rng = np.random.default_rng(5)
+    x, y, _, s, r = graph(rng, tp, 5, 12)
+    g = jequi.Graph.build(s, r, 5)
+    h, k = rng.normal(size=(12, 3)), rng.normal(size=(3, tp.weight_numel))
+    want = tp.conv(x, y, h @ k, g, backend="xla")
+    # the rule: chunks of at most EDGE_CHUNK_VALUES weights
+    monkeypatch.setattr(jequi.tensor_product, "EDGE_CHUNK_VALUES", 4 * tp.weight_numel)
+    jaxpr = str(jax.make_jaxpr(lambda x: tp.radial_conv(x, y, h, k, g, backend="xla"))(x))
+    assert "scan" in jaxpr and "length=3" in jaxpr
+    assert_close(tp.radial_conv(x, y, h, k, g, backend="xla"), want, 1e-12)
+    # vmap over a batch of graphs
+    xs, ys, hs = np.stack([x, 2 * x]), np.stack([y, -y]), np.stack([h, h])
+    gs = jax.vmap(lambda s, r: jequi.Graph.build(s, r, 5))(np.stack([s, s]), np.stack([r, r]))
+    out = jax.vmap(lambda x, y, h, g: tp.radial_conv(x, y, h, k, g, edge_chunks=2, backend="xla"))(xs, ys, hs, gs)
+    assert_close(out[1], tp.conv(2 * x, -y, h @ k, g, backend="xla"), 1e-12)
+    with pytest.raises(ValueError, match="kernel has shape"):
+        tp.radial_conv(x, y, h, k[:, :-1], g)
+    with pytest.raises(ValueError, match="hidden has shape"):
+        tp.radial_conv(x, y, h[:-1], k, g)
+    with pytest.raises(ValueError, match="edge_chunks"):
+        tp.radial_conv(x, y, h, k, g, edge_chunks=0)
+    with pytest.raises(TypeError, match="jequi.Graph"):
+        tp.radial_conv(x, y, h, k, s)

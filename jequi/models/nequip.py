@@ -7,7 +7,8 @@ both frameworks hold the same parameters under the same names, and give the same
 
 Per interaction block (NequIP, Batzner et al. 2022): a linear layer, the fused
 convolution ``x (x) Y(r_hat)`` with per-edge weights from an MLP of a Bessel radial basis
-times a polynomial cutoff envelope, a linear layer, a gated nonlinearity and a linear
+times a polynomial cutoff envelope (its last layer applied inside the conv,
+:meth:`jequi.TensorProduct.radial_conv`), a linear layer, a gated nonlinearity and a linear
 self-connection. Per-atom energies are a linear readout plus a per-species shift; forces are
 minus the gradient of the energy with respect to the positions (:func:`energy_and_forces`).
 """
@@ -46,6 +47,8 @@ class NequIPConfig:
     # function ``conv(tp, x, sh, weights, graph) -> IrrepsArray`` of tp.irreps_out (another
     # library's convolution in the same model, as benchmarks/model_step.py runs cuEquivariance)
     conv: object = "jequi"
+    # edge chunks of the "jequi" conv (TensorProduct.radial_conv; None: its memory rule)
+    edge_chunks: int | None = None
 
     def species_index(self, numbers) -> np.ndarray:
         """Atomic numbers -> indices into :attr:`species` (ValueError for unknown elements)."""
@@ -69,19 +72,21 @@ def _linear(param, name: str, x: e3nn.IrrepsArray, irreps_out) -> e3nn.IrrepsArr
     return jax.vmap(lambda v: lin(ws, v))(x)
 
 
-def _mlp(param, name: str, x, sizes):
-    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
-        x = x @ param(f"{name}.w{i}", (a, b), 1.0) / np.sqrt(a)
-        if i < len(sizes) - 2:
-            x = jax.nn.silu(x)
-    return x
+def _radial_mlp(param, name: str, x, sizes):
+    """The radial MLP up to its last layer: ``(hidden, kernel)`` with weights ``hidden @ kernel``
+    (the conv applies the last layer, :meth:`TensorProduct.radial_conv`)."""
+    for i, (a, b) in enumerate(zip(sizes[:-2], sizes[1:-1])):
+        x = jax.nn.silu(x @ param(f"{name}.w{i}", (a, b), 1.0) / np.sqrt(a))
+    last = len(sizes) - 2
+    return x / np.sqrt(sizes[-2]), param(f"{name}.w{last}", tuple(sizes[-2:]), 1.0)
 
 
-def _convolve(config: NequIPConfig, tp: TensorProduct, x, sh, weights, graph: Graph):
+def _convolve(config: NequIPConfig, tp: TensorProduct, x, sh, hidden, kernel, graph: Graph):
+    if config.conv == "jequi":
+        return tp.radial_conv(x, sh, hidden, kernel, graph, edge_chunks=config.edge_chunks, backend=config.backend)
+    weights = hidden @ kernel
     if callable(config.conv):
         return config.conv(tp, x, sh, weights, graph)
-    if config.conv == "jequi":
-        return tp.conv(x, sh, weights, graph, backend=config.backend)
     if config.conv == "e3nn":  # what jequi replaces: an |E| x out.dim buffer and a scatter
         from e3nn_jax.legacy import FunctionalTensorProduct
 
@@ -113,8 +118,8 @@ def atomic_energies(param, config: NequIPConfig, species, positions, graph: Grap
     for layer in range(config.num_layers):
         x = _linear(param, f"layer{layer}.up", h, h.irreps)
         tp = _conv_tp(str(x.irreps), str(sh_irreps), str(hidden))
-        weights = _mlp(param, f"layer{layer}.radial", radial, (config.num_basis, config.radial_hidden, tp.weight_numel))
-        message = _convolve(config, tp, x, sh, weights, graph) / np.sqrt(config.avg_num_neighbors)
+        hidden_r, kernel = _radial_mlp(param, f"layer{layer}.radial", radial, (config.num_basis, config.radial_hidden, tp.weight_numel))
+        message = _convolve(config, tp, x, sh, hidden_r, kernel, graph) / np.sqrt(config.avg_num_neighbors)
         gated = hidden.filter(drop=["0e", "0o"])
         gate_irreps = e3nn.Irreps(f"{hidden.count('0e') + gated.num_irreps}x0e") + gated
         update = e3nn.gate(_linear(param, f"layer{layer}.down", message, gate_irreps))
