@@ -214,11 +214,14 @@ def main():
     ap.add_argument("--profile", default="jequi", help="impls profiled at 4,000 atoms")
     ap.add_argument("--largest", action="store_true", help="double the md structure from --largest-from until each impl fails")
     ap.add_argument("--largest-from", type=int, help="first size of the --largest search (default: the first of --atoms)")
+    ap.add_argument("--largest-to", type=int, default=4_000_000, help="the --largest search stops past this size")
     ap.add_argument("--out", default=str(pathlib.Path(__file__).resolve().parent / "results"))
     ap.add_argument("--plot", nargs="+", metavar="JSON", help="draw saved results into --out and exit")
     a = ap.parse_args()
     if a.plot:
         return plot([json.loads(pathlib.Path(f).read_text()) for f in a.plot], pathlib.Path(a.out))
+    if a.largest:  # only the search, each size in a child process: this one keeps off the GPU
+        return search_largest(a)
     dev = jax.devices()[0]
     config = MODELS[a.model]
     impls = a.impls.split(",")
@@ -263,43 +266,64 @@ def main():
                 cell = run("md", size, impl, lambda c, atoms=atoms: md_step(c, atoms, params))
                 if cell is not None and "error" in cell:
                     failed.add(impl)
-    for impl in impls if a.largest else ():
-        result["largest"] = {**result.get("largest", {}), impl: largest(a.model, impl, a.largest_from or sizes[0])}
-        write(result, out)
 
 
-def largest(model: str, impl: str, start: int) -> dict:
+def search_largest(a):
+    """``--largest``: for each impl, :func:`largest` from ``--largest-from`` (or the first of
+    ``--atoms``); the result file holds the cells of the largest sizes that ran."""
+    result = {"date": datetime.date.today().isoformat(), "model": a.model, "largest": {}, "cells": [],
+              "config": {k: str(v) for k, v in dataclasses.asdict(MODELS[a.model]).items()}}  # fmt: skip
+    for impl in a.impls.split(","):
+        found = largest(a.model, impl, a.largest_from or int(a.atoms.split(",")[0]), a.largest_to)
+        cell = found.pop("cell", None)
+        if cell:
+            result.update(device=cell.pop("device"), jax=cell.pop("jax"))
+            result["cells"].append(cell)
+        result["largest"][impl] = found
+        if "device" in result:
+            write(result, pathlib.Path(a.out), name=f"largest-{a.model}")
+
+
+def largest(model: str, impl: str, start: int, stop: int) -> dict:
     """The largest md structure (atoms) that `impl` runs, doubling from `start` until a size
-    fails, then one size between the last two (about 1.4x), each size in a fresh process:
+    fails (or passes `stop`), then one size between the last two (about 1.4x), each size in a
+    fresh process:
     ``{"fits": atoms or None, "ms": its step, "fails": atoms, "error": ...}``."""
 
     def attempt(size):
+        out = tempfile.mkdtemp()
         cmd = [sys.executable, __file__, "--model", model, "--impls", impl, "--atoms", str(size), "--batch-atoms", "",
-               "--profile", "", "--out", tempfile.mkdtemp()]  # fmt: skip
-        lines = subprocess.run(cmd, capture_output=True, text=True).stdout.splitlines()
-        cells = [json.loads(line) for line in lines if line.startswith("{")]
-        cell = cells[-1] if cells else {"error": "no result"}
+               "--profile", "", "--out", out]  # fmt: skip
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        cells = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+        cell = cells[-1] if cells else {"error": (proc.stderr.strip().splitlines() or ["no result"])[-1][:200]}
+        saved = glob.glob(f"{out}/*.json")
+        if saved and "error" not in cell:
+            info = json.loads(pathlib.Path(saved[0]).read_text())
+            cell.update(device=info["device"], jax=info["jax"])
         print(f"largest: {impl} at {size}: {cell.get('error') or cell.get('ms')}", flush=True)
         return cell
 
     found, size = {"fits": None}, start
     while "error" not in (cell := attempt(size)):
-        found.update(fits=cell["atoms"], ms=cell["ms"], memory_gib=cell.get("memory_gib"))
+        found.update(fits=cell["atoms"], ms=cell["ms"], memory_gib=cell.get("memory_gib"), cell=cell)
         size *= 2
+        if size > stop:
+            return {**found, "fails": None, "error": f"not tried past {stop} atoms"}
     found.update(fails=size, error=cell["error"])
     if found["fits"]:
         between = int(size / 2**0.5)
         if "error" not in (cell := attempt(between)):
-            found.update(fits=cell["atoms"], ms=cell["ms"], memory_gib=cell.get("memory_gib"))
+            found.update(fits=cell["atoms"], ms=cell["ms"], memory_gib=cell.get("memory_gib"), cell=cell)
         else:
             found.update(fails=between, error=cell["error"])
     return found
 
 
-def write(result, out):
+def write(result, out, name: str | None = None):
     lines = [f"# {result['model']} on {result['device']} ({result['date']}, jax {result['jax']})", "",
              f"hidden {result['config']['hidden']}, lmax {result['config']['sh_lmax']}, {result['config']['num_layers']} "
-             f"layers; default conv backends: {result['default_backends']}", "",
+             f"layers; default conv backends: {result.get('default_backends', 'jequi.default_backend')}", "",
              "| workload | atoms | edges | impl | ms | compile s | XLA memory GiB | note |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for c in result["cells"]:
         edges = c.get("edges", "")
@@ -321,7 +345,7 @@ def write(result, out):
         lines += ["", "Largest md structure that runs (atoms; each size in a fresh process):", ""]
         lines += [f"- {impl}: {v['fits']} ({v.get('ms', 0):.0f} ms; fails at {v['fails']}: {v['error'][:120]})"
                   for impl, v in result["largest"].items()]
-    save(result, f"model-{result['model']}", "\n".join(lines) + "\n", out)
+    save(result, name or f"model-{result['model']}", "\n".join(lines) + "\n", out)
 
 
 def plot(results: list[dict], out: pathlib.Path) -> pathlib.Path:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -293,6 +294,8 @@ class TensorProduct:
         # padding edges go to receiver num_nodes: out of range, they contribute nothing
         build = lambda s, r: graph_lib.Graph.build(s, r, graph.num_nodes, graph.num_senders)  # noqa: E731
         graphs = jax.vmap(build)(chunked(graph.senders, 0), chunked(graph.receivers, graph.num_nodes))
+        # consecutive edges of a graph in receiver order are in receiver order (padding last)
+        graphs = dataclasses.replace(graphs, edges_sorted=graph.edges_sorted)
 
         @functools.partial(jax.checkpoint, prevent_cse=False)
         def part(x, kernel, h, y, g):
@@ -306,9 +309,11 @@ class TensorProduct:
         return e3nn.IrrepsArray(self.irreps_out, out) if wrap else out
 
 
-# The most weights one chunk of :meth:`TensorProduct.radial_conv` holds (2**28 float32 values:
-# 1 GiB): above it, the weight array would be a model's largest buffer.
-EDGE_CHUNK_VALUES = 2**28
+# The most weights one chunk of :meth:`TensorProduct.radial_conv` holds (2**30 values, 4 GiB in
+# float32). Chunks cost time (a 4,000-atom NequIP step runs 1.8x slower in 3 chunks than in one,
+# benchmarks/results/2026-11-27-model-step-notes.md), so graphs whose weights fit in one
+# chunk run unchunked; larger ones, where the weights would not fit on the GPU, pay it.
+EDGE_CHUNK_VALUES = 2**30
 
 
 def channelwise(irreps_in1, irreps_in2, filter_irreps_out, **kwargs) -> TensorProduct:

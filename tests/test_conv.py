@@ -260,17 +260,22 @@ def test_sorted_edges_and_edge_loop_unrolling(tp, edges_per_step, fresh_kernels,
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("chunks", [1, 4])
-def test_radial_conv_equals_conv_of_the_weights(tp, backend, chunks):
+@pytest.mark.parametrize("chunks, edges", [(1, "padded"), (4, "padded"), (3, "sorted")])
+def test_radial_conv_equals_conv_of_the_weights(tp, backend, chunks, edges):
     """radial_conv(x, y, h, K) = conv(x, y, h @ K): values, first and second derivatives (a
-    force-training loss), with padding edges and edges split into chunks that do not divide E."""
+    force-training loss), with padding edges or in receiver order (the chunks keep that order),
+    the edges split into chunks that do not divide E."""
     rng = np.random.default_rng(4)
     n, e, hid = 6, 23, 5
     x, y, _, s, r = graph(rng, tp, n, e)
-    r[[3, 11]] = -1  # padding edges
+    if edges == "padded":
+        r[[3, 11]] = -1
+    else:
+        r = np.sort(r)
     h = rng.normal(size=(e, hid))
     k = rng.normal(size=(hid, tp.weight_numel)) / hid
     g = jequi.Graph.build(s, r, n)
+    assert g.edges_sorted == (edges == "sorted")
     seed = rng.normal(size=(n, tp.irreps_out.dim))
 
     def loss(fn, x, y, h, k):
