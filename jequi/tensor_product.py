@@ -212,7 +212,7 @@ class TensorProduct:
 
         The ``pallas`` and ``cuda`` convs are bitwise reproducible from run to run;
         ``"cuda-atomic"`` (GPU, channelwise products) adds the backward's ``gx`` with
-        atomics: faster on wide products such as MACE's (see README, Speed), not reproducible
+        atomics: faster on wide products such as MACE's (docs/benchmarks.md), not reproducible
         bit for bit.
         """
         x, y, w, wrap = self._inputs(x, y, w)
