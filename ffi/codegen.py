@@ -257,28 +257,25 @@ class _Kernel:
         self.split = not (self.conv or shared) and self.backward and self.dtype == np.float64 and config.split_float64_backward
         self.needs_gx, self.needs_gy, self.needs_gw = self.sums.needs
         self.tables = self.sums.y_likes
-        # A batched forward in mul_ir keeps one channel per lane (MACE-large float32, 50,000 rows,
-        # H200, before staging: 1.365 ms on four against 0.865 on one) and moves its rows through
+        # A batched forward in mul_ir keeps one channel per lane and moves its rows through
         # shared memory (:meth:`stage_x`, :meth:`store_acc`): a warp's 32 channels of a segment
         # are 32 * ir_dim adjacent values, loaded and stored whole, where a lane's own components
-        # are ir_dim apart (as many cache lines per load): 0.865 -> 0.646 ms, float64 3.451 ->
-        # 1.270 (Pallas 2.574). Its backward kinds take their channels like every other kernel and
-        # read the rows through L1 (a lane's adjacent values arrive over several vector loads,
-        # lines shared between lanes): double backward 0.737 -> 0.684 ms, float64 1.443 -> 1.391
-        # (NequIP-OAM float64 1.141 -> 1.161; 2026-11-24-h200-batched-rows.md). A batched backward
-        # in ``ir_mul`` reads its rows through L1 too, though no lane shares them: fwd+bwd 2-4 %
-        # faster than streamed (H200, 50,000 rows: MACE-medium float32 0.889 -> 0.861 ms, float64
-        # 1.748 -> 1.711, NequIP-LiPS float64 1.742 -> 1.710, MACE-large float64 4.432 -> 4.338;
-        # double backward 1-4 %). Forward rows and weights read so gained nothing (2026-11-25-h200-cached-rows.md).
+        # are ir_dim apart (as many cache lines per load); both measured faster. Its backward
+        # kinds take their channels like every other kernel and read the rows through L1 (a
+        # lane's adjacent values arrive over several vector loads, lines shared between lanes),
+        # faster too. A batched backward in ``ir_mul`` reads its rows through L1 too, though no
+        # lane shares them: a little faster than streamed; forward rows and weights read so
+        # gained nothing (benchmarks/results/2026-11-24-h200-batched-rows.md,
+        # 2026-11-25-h200-cached-rows.md; docs/tuning.md#codegen-batched-rows).
         batched_mul_ir = not self.conv and any(s.layout == "mul_ir" for s in (*desc.in1, *desc.out))
         self.staged = batched_mul_ir and not self.backward
         self.cached_rows = not self.conv and self.backward
         # its programs keep the sizes schedule.backward_programs gives prefetched ones: measured so
         batched_float32_backward = self.cached_rows and not shared and self.dtype == np.float32
         self.prefetch = config.batched_float32_backward_prefetch if batched_float32_backward else config.prefetch
-        # A batched forward in float64 keeps one channel per lane too (``ir_mul``, 50,000 rows,
-        # H200: NequIP-benzene 6.07 -> 2.82 ms, MACE-large 1.292 -> 1.261; MACE-medium,
-        # NequIP-LiPS and NequIP-OAM within 1 %; 2026-11-25-h200-batched-forward-segments.md).
+        # A batched forward in float64 keeps one channel per lane too: much faster for
+        # NequIP-benzene, no slower for the others (2026-11-25-h200-batched-forward-segments.md;
+        # docs/tuning.md#codegen-float64-batched-forward-channels).
         one = self.staged or (not self.conv and not self.backward and self.dtype == np.float64)
         channels = 1 if one else config.forward_channels if self.conv and not self.backward else config.channels
         if self.backward:
@@ -507,8 +504,9 @@ class _Kernel:
         it first sum their ``w * x`` products. With `store` (a batched forward, whose sums
         are one row's) each output segment's sums are declared, computed and handed to
         ``store(segment)`` before the next segment's begin: a lane holds one segment's sums,
-        not the program's (NequIP-benzene, float32, 50,000 rows, H200: ``mul_ir`` 1.909 -> 1.413 ms,
-        ``ir_mul`` 2.471 -> 1.366; 2026-11-25-h200-batched-forward-segments.md)."""
+        not the program's: fewer live values, faster on a wide product
+        (benchmarks/results/2026-11-25-h200-batched-forward-segments.md;
+        docs/tuning.md#codegen-one-output-segment-at-a-time)."""
         if store is None:
             self._forward_terms(p.terms, p.channels, names)
             return
@@ -927,8 +925,8 @@ class _Kernel:
                 pointers = lambda k, sfx: self.operand_rows(sfx, None, f"(long long)s_edge[{k}]", f"(long long)s_node[{k}]")  # noqa: E731
                 def math():
                     # the gathered cotangent rows mostly hit L2 already: asking for them ahead
-                    # measured no faster (carbon f32 fwd+bwd 3.392 / 3.339 ms without, 3.406 /
-                    # 3.385 with, H200) and doubles the L2 requests of the largest stream
+                    # measured no faster (docs/tuning.md#codegen-conv-backward-cotangent-rows)
+                    # and doubles the L2 requests of the largest stream
                     self.l2_prefetch(self.config.backward_l2_prefetch)
                     self.backward_math(q, p, names, "(gw + (long long)s_edge[kk] * NW)", "(gyp + kk * GY)")
 

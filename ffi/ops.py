@@ -20,17 +20,12 @@ from .schedule import FORWARD, LANES, Sums
 DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 # Spill stores (bytes per thread), by dtype, a kernel under the register cap of
 # Config.min_warps may have before it is rebuilt under a looser one: in float32 a few words in
-# L1 cost less than half the warps; in float64 none is let through. Measured (H200, ir_mul,
-# dbl at 20,000 rows, ms, 64 -> 0 bytes in float64; tune_cuda.py --spill-bytes): NequIP-OAM
-# 1.319 -> 1.085 (its first backward without gw went from 128 capped registers to 230),
-# MACE-large 1.437 -> 1.458, MACE-medium 0.635 -> 0.654, NequIP-LiPS 0.658 -> 0.648; float32
-# within 3 % either way.
+# L1 cost less than half the warps; in float64 none is let through (docs/tuning.md#ops-spill_bytes).
 SPILL_BYTES = {np.dtype(np.float32): 64, np.dtype(np.float64): 0}
 # Spill stores (bytes per thread) up to which the double backward's dgz runs inside its
-# backward kernel (tp_second, :func:`fuses_second`). H100, force training's double backward
-# (20,000 rows, ms, fused / two kernels): SevenNet main float64 (568 bytes) ir_mul 2.901 / 3.250,
-# mul_ir 2.893 / 3.221; NequIP-benzene float64 (1,972 bytes; its backward alone spills 80)
-# ir_mul 7.080 / 7.195, mul_ir 7.215 / 6.878 (2026-11-26-h100-fused-second-order.md).
+# backward kernel (tp_second, :func:`fuses_second`): fusing paid for a kernel that spilled a
+# few hundred bytes, and was a wash for one that spilled about two thousand
+# (benchmarks/results/2026-11-26-h100-fused-second-order.md; docs/tuning.md#ops-fused_spill_bytes).
 FUSED_SPILL_BYTES = 1024
 # Warps per block a kernel is rebuilt with, in turn, until its code fits (_code_fitting).
 BLOCK_WARPS = (8, 6, 4, 3, 2, 1)

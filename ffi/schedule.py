@@ -30,35 +30,28 @@ SUPPORTED_MODES = ("uvu",)
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    """Knobs of the generated kernels (benchmarks/tune_cuda.py sweeps them).
+    """Knobs of the generated kernels (benchmarks/tune_cuda.py sweeps them; the measurements
+    behind the defaults: docs/tuning.md#ffischedulepy-config).
 
     * ``forward_registers``: 32-bit registers per lane for the values a conv forward's
       program holds per edge (its sums, its ``x`` values, its weights; a float64 value takes
       two, see :func:`forward_programs`); more values are split over more programs.
     * ``forward_channels``: the most channels a conv forward's lane computes (``channels``
       for the other kernels). Two channels and 160 registers put each of MACE-large's ``x``
-      segments in one program (read once per edge, not by two or three warps) in four warps
-      of 168 registers, three blocks per multiprocessor: float32 ``ir_mul`` carbon 0.823 ->
-      0.774 ms, water 0.841 -> 0.763 (four channels and 128 registers before; float64, on
-      two channels either way, 1.604 -> 1.599; H200).
+      segments in one program, read once per edge rather than by two or three warps
+      (docs/tuning.md#schedule-forward_channels).
     * ``batched_forward_registers``: the same for the batched forward, whose lane holds one
-      output segment's sums at a time (:func:`forward_programs`' `one_segment`). 48, 64, 80 and
-      96 measured on MACE-large, MACE-medium, NequIP-LiPS, NequIP-OAM and NequIP-benzene (both
-      layouts and dtypes, 50,000 rows, H200): 96 is within 3 % of the best of each but for
-      NequIP-LiPS float32 ``mul_ir`` (0.266 vs 0.253 ms at 48); NequIP-benzene float64 wants more
-      (``mul_ir`` 2.78 ms at 96, 2.72 at 256), below 96 it loses up to 2.7x
-      (2026-11-25-h200-batched-forward-segments.md); see the next knob.
+      output segment's sums at a time (:func:`forward_programs`' `one_segment`). 96 is within a
+      few percent of the best on each channelwise product measured, but a wide float64 one
+      (NequIP-benzene) wants more and loses much with fewer
+      (docs/tuning.md#schedule-batched_forward_registers); see the next knob.
     * ``batched_float64_forward_registers`` / ``batched_float64_forward_rows``: a float64
       batched forward is built a second time with these registers and rows per block (0
       registers: not), and :func:`ffi.ops.kernel` keeps the build that does not spill (more
       than ``ffi.ops.SPILL_BYTES``), then the one with more warps resident per multiprocessor,
-      on a tie the one with fewer programs, then this one. No one setting
-      wins (``ir_mul``, 50,000 rows, H200, ms, 256 registers and one row against 96 and two):
-      NequIP-benzene 2.682 against 2.828 (96 registers cut it into three times the programs),
-      NequIP-OAM 0.999 against 0.754 (254 registers x 224 threads, 7 resident warps against
-      16); the rule keeps the faster of the two, or one within 1.2 %, in both layouts of MACE-large,
-      MACE-medium, NequIP-LiPS, NequIP-benzene and NequIP-OAM
-      (2026-11-26-h200-float64-forward-builds.md).
+      on a tie the one with fewer programs, then this one. No one setting wins: few registers
+      cut a wide product into many programs, many leave few warps resident; the rule keeps
+      the faster build, or one close to it (docs/tuning.md#schedule-batched_float64_forward_registers).
     * ``backward_values``: the values (of either dtype) a backward program holds per edge
       (:func:`backward_programs`; measured on MACE-large, the same programs in float32 and
       float64 beat a budget in registers).
@@ -67,41 +60,26 @@ class Config:
       segments take proportionally more, within :func:`lane_channels`, the value budget and a
       double backward's two). At 2, MACE-large's ``2e`` segment runs on two warps of two channels
       instead of four of one (and without the register prefetch of the next edge's operands),
-      so its CG coefficients spread ``gy`` once per two channels: five warps of 128 registers
-      instead of seven, no spill (MACE-medium's conv backward moves too, its ``1o`` from one
-      channel to two; not measured as a conv). H200,
-      ``ir_mul``, fwd+bwd ms, 1 -> 2 alternated twice in one process: carbon 3.181 / 3.179 ->
-      3.060 / 3.055, water 3.173 / 3.170 -> 3.104 / 3.119, the conv double backward (carbon)
-      5.177 -> 4.510; ``cuda-atomic`` carbon 2.743 / 2.757 -> 2.725 / 2.727, water unchanged. The
-      batched backward keeps one: MACE-large's double backward loses 5 % at 2 (``ir_mul`` 0.660 /
-      0.665 -> 0.693 / 0.698 ms), its fwd+bwd and MACE-medium's within 1.5 %
-      (2026-11-26-h200-conv-backward-channels.md).
+      so its CG coefficients spread ``gy`` once per two channels, in fewer warps and without
+      spilling. The batched backward keeps one: its double backward lost at 2
+      (docs/tuning.md#schedule-conv_backward_heaviest_channels).
     * ``batched_float32_backward_values``: ``backward_values`` for a float32 batched backward
       with per-row weights, apart so that it can move without the conv's and float64's
-      programs. 96 gives NequIP-LiPS' kernels 120-128 registers x 128 threads, no spill; at
-      128 they were capped at 96 x 96 (three-warp blocks under ``min_warps``) and its
-      second-order kernel spilled. H200, 50,000 rows (double backward 20,000), 96 / 128
-      alternated twice in one process, fwd+bwd / double backward ms: NequIP-LiPS ``ir_mul``
-      0.851-0.854 / 0.306-0.309 against 0.860-0.865 / 0.317-0.322, ``mul_ir`` 0.867-0.870 /
-      0.311 against 0.861-0.865 / 0.307-0.309; NequIP-OAM, MACE-medium and MACE-large within
-      0.01 ms either way (2026-11-26-h200-batched-backward-values.md).
+      programs. At 96 NequIP-LiPS' kernels run four-warp blocks without spilling; at 128 the
+      register cap of ``min_warps`` cut them to three-warp blocks and its second-order kernel
+      spilled (docs/tuning.md#schedule-batched_float32_backward_values).
     * ``prefetch``: load the next edge's (row's) operands before this one's arithmetic where
       they take at most this many 32-bit registers per lane (0: never).
     * ``batched_float32_backward_prefetch``: ``prefetch`` for a float32 batched backward with
       per-row weights (0: each row's operands are loaded where they are used). Without the early
-      loads the compiler gives these kernels fewer registers (NequIP-LiPS 168 -> 96 x 96
-      threads, MACE-large's backward 128 -> 80 x 224) and more resident warps hide the latency
-      the early loads hid. H200, 50,000 rows (double backward 20,000), one process, fwd+bwd /
-      double backward ms, 64 -> 0: ``ir_mul`` NequIP-OAM 1.335 / 0.477 -> 1.335 / 0.443,
-      MACE-large 2.191 / 0.697 -> 2.177 / 0.663, NequIP-LiPS 0.876 / 0.318 -> 0.854 / 0.318,
-      MACE-medium 0.857 / 0.280 -> 0.847 / 0.283; ``mul_ir`` NequIP-LiPS 0.893 / 0.323 -> 0.865 /
-      0.308, MACE-large 2.198 / 0.679 -> 2.212 / 0.658 (2026-11-25-h200-batched-prefetch.md).
-      Float64 keeps ``prefetch`` (NequIP-OAM double backward 0.899 with it, 0.918 without).
+      loads the compiler gives these kernels fewer registers, and the more resident warps hide
+      the latency the early loads hid; float64 keeps ``prefetch``
+      (docs/tuning.md#schedule-batched_float32_backward_prefetch).
     * ``min_warps``: warps per multiprocessor the compiler must leave registers for (whole
       blocks, ``__launch_bounds__``); a kernel that would spill more is rebuilt uncapped.
     * ``l2_prefetch``: the conv forward asks L2 for the weight row of the edge this many steps
-      ahead (0: never); ``backward_l2_prefetch`` the same for the conv backward (1: carbon
-      f32 fwd+bwd 3.266-3.284 ms, 2: 3.313-3.336, 4: 3.334-3.348; f64 6.47 / 6.50 / 6.64; H200).
+      ahead (0: never); ``backward_l2_prefetch`` the same for the conv backward, where one step
+      ahead was the fastest (docs/tuning.md#schedule-l2_prefetch).
     * ``block_warps``: warps per block; more programs are spread over several blocks per
       node (:func:`block_groups`); a conv or batched backward kernel's blocks may take fewer
       (``code_bytes``, ``batched_code_bytes``).
@@ -112,111 +90,50 @@ class Config:
     * ``split_float64_backward``: a batched product's backward kinds in float64 with per-row
       weights run one program per block (not ``block_warps``), all blocks of a program before
       the next program's (``blockIdx.x = group * row chunks + chunk``), so a multiprocessor
-      runs one program's code at a time. H200, 50,000 rows (double backward 20,000), ``ir_mul``,
-      fwd+bwd / double backward ms: NequIP-OAM 2.901 / 1.116 -> 2.715 / 0.924 (``mul_ir``
-      3.101 / 1.163 -> 2.821 / 0.906), MACE-large 4.428 / 1.450 -> 4.417 / 1.367, NequIP-LiPS
-      1.710 / 0.667 -> 1.728 / 0.595 (benchmarks/results/2026-11-25-h200-batched-gaps.md).
-      Forward kinds lose (NequIP-OAM float64 0.77 -> 0.95 ms: each pass reads a slice of
-      every row), and so do float32 backwards (NequIP-OAM double backward 0.467 -> 0.495).
+      runs one program's code at a time. Forward kinds lose so (each pass reads a slice of
+      every row), and so do float32 backwards (benchmarks/results/2026-11-25-h200-batched-gaps.md;
+      docs/tuning.md#schedule-split_float64_backward).
     * ``batched_forward_rows`` / ``batched_backward_rows``: rows per block of the batched
       forward / backward kernels with per-row weights (a power of two up to 32; fewer where
       the ``A`` tables would not fit ``codegen.SMEM_BUDGET``). Small blocks keep more of them
-      resident per multiprocessor and leave no tail wave: NequIP-LiPS float32 ``ir_mul``
-      (H200, 50,000 rows, double backward 20,000) fwd 0.323 / 0.265 / 0.271 ms at 32 / 2 / 1
-      rows, double backward 0.373 / 0.326 / 0.337 at 32 / 4 / 2; MACE-large, MACE-medium,
-      NequIP-OAM alike, in both dtypes (benchmarks/results/2026-11-24-h200-batched-rows.md).
+      resident per multiprocessor and leave no tail wave
+      (benchmarks/results/2026-11-24-h200-batched-rows.md; docs/tuning.md#schedule-batched_forward_rows).
       Shared weights keep 32 (each block writes a partial ``gw``); a conv's chunks take 32
       edges.
     * ``unstaged_float32_forward_rows``: rows per block of a float32 batched forward that is
-      not staged (``ir_mul``). Re-measured once a forward held one output segment's sums at a
-      time: two rows -> one, alternating old and new generator (H200, 50,000 rows, ms):
-      NequIP-LiPS 0.256 -> 0.252, MACE-medium 0.257 -> 0.253, NequIP-OAM 0.408 -> 0.385,
-      MACE-large 0.646 -> 0.635, NequIP-benzene 1.362 -> 1.345. The other forwards keep two:
-      one row loses up to 11 % staged (NequIP-OAM ``mul_ir`` 0.399 -> 0.445) and 28 % in
-      float64 (NequIP-OAM ``ir_mul`` 0.761 -> 0.974, 176 registers against 128)
-      (2026-11-25-h200-forward-rows.md).
+      not staged (``ir_mul``): one row, faster there once a forward holds one output segment's
+      sums at a time. The other forwards keep two: one row loses staged and in float64
+      (docs/tuning.md#schedule-unstaged_float32_forward_rows).
     * ``unstaged_float32_forward_sum_registers``: ``batched_forward_registers`` for a float32
       batched forward sum that is not staged (``ir_mul``): the double backward's ``dgz``, whose
-      lanes load two ``x``-like and two ``w``-like rows. H100, ``tune_cuda.py --dbl-force``,
-      50,000 rows (double backward 20,000), force training's double backward ms at 96 / 128 /
-      160 / 192 registers: ``ir_mul`` MACE-large 2.109 / 2.019 / 1.657 / 1.611 (its ``dgz``
-      kernel took 934 us at 96, ``mul_ir``'s 430: Nsight Compute), NequIP-benzene 3.808 /
-      3.677 / 3.524 / 3.541, SevenNet main 1.426 / 1.407 / 1.424 / 1.420, NequIP-OAM main 1.029
-      / 1.022 / 1.022 / 1.022, MACE-medium 0.682 / 0.680 / 0.676 / 0.672, NequIP-LiPS 0.697 /
-      0.690 / 0.686 / 0.690. A staged (``mul_ir``) sum keeps ``batched_forward_registers``: at
-      more registers it stayed within 1 % (MACE-large, MACE-medium, NequIP-benzene, NequIP-OAM,
-      NequIP-LiPS) or lost (SevenNet main 1.423 -> 1.458-1.464)
-      (2026-11-26-h100-force-training-double-backward.md).
+      lanes load two ``x``-like and two ``w``-like rows and so want more registers than a
+      forward. A staged (``mul_ir``) sum keeps ``batched_forward_registers``: more did not pay
+      there (docs/tuning.md#schedule-unstaged_float32_forward_sum_registers).
     * ``code_bytes``: the machine code a conv kernel may keep running on two neighbouring
       multiprocessors. A product as wide as NequIP-benzene unrolls
-      into more code than the instruction caches hold (its float32 conv forward: 218 KB in one
-      block; Nsight Compute: 15.3 cycles per issued instruction stalled on instruction fetch,
-      10 % of issue slots busy), so :func:`ffi.ops.kernel` builds a conv kernel with
+      into more code than the instruction caches hold, and its warps stall on instruction
+      fetch, so :func:`ffi.ops.kernel` builds a conv kernel with
       ``block_warps`` and then fewer warps per block (8, 6, 4, 3, 2, 1) until the code of the
       groups two multiprocessors run at once fits (0: never split for it). A conv kernel's
       groups run group-major (all nodes' blocks of
       a group before the next group's: one group's code at a time), so that is one group's
       code; node by node (``node_major_float64_conv_forward``), one group per block two
-      multiprocessors hold, up to all of them. The budget fits every measurement below, as if
-      each pair of multiprocessors had 128 KB of instruction cache:
-      NequIP-benzene on the carbon lattice, ``ir_mul``, H100, ms:
-
-      | kernel | groups x code, order: ms |
-      |---|---|
-      | float32 fwd | 1 x 218 KB: 10.74; 2 x 67 group-major: **3.71** (82 % of DRAM throughput, 2.6 cycles stalled on fetch), node by node (2 blocks per multiprocessor): 9.51; 3 x 41: 4.68 |
-      | float32 bwd (fwd+bwd less fwd) | 1 x 320 KB: 20.5; 2 x 103: **9.3**; 3 x 63: 8.9 |
-      | float64 fwd | 2 x 214 KB: 29.2 (group-major 10.6); 3 x 98 node by node (1 block): 11.1; 4 x 58 node by node: **6.25** (group-major, 4 x 59: 13.07) |
-      | float64 bwd | 2 x 157 KB: 24.5 (node by node 39.3); 3 x 85: **22.5** (node by node 32.8); 4 x 57: 21.7 |
-
-      NequIP-OAM's float64 kernels (100 and 121 KB in one block) stay whole: in two groups of
-      3 and 5 warps their fwd / fwd+bwd took 2.00 / 8.19 ms against 1.13 / 5.76 (so not 80 KB,
-      though it took benzene's backwards 3 % lower); MACE-large's conv kernels (at most 63 KB)
-      too: in two groups its float32 fwd+bwd took 3.94 against 3.58. SevenNet's float64
-      kernels (182 and 179 KB) now run in two groups, not measured
-      (2026-11-26-h100-conv-code-budget.md).
+      multiprocessors hold, up to all of them. The budget, as if each pair of multiprocessors
+      had 128 KB of instruction cache, fits every measurement (docs/tuning.md#schedule-code_bytes).
     * ``batched_code_bytes``: ``code_bytes`` for the batched backward kinds and the double
       backward's forward sum (``dgz``, which force training runs: ``g`` is then perturbed);
       :func:`ffi.ops.kernel` builds them first with their groups group-major
       (``batched_group_major``), then with fewer warps per block. The forward of one product is
-      built as configured: NequIP-benzene's float32 ``mul_ir`` forward (140 KB, one group) lost
-      in two groups of four warps (1.869 -> 2.001 ms; ``ir_mul``'s at 80 KB 1.853 -> 1.897).
-      Commit 9372383 split the backward kinds at 128 KB: NequIP-benzene's float32 backward (157 KB)
-      and double backward (150 and 210 KB), each in two groups of seven warps node by node, went
-      group-major; H100, 50,000 rows (double backward 20,000), fwd+bwd / dbl ms: ``ir_mul``
-      8.396 / 3.965 -> 6.804 / 2.109, ``mul_ir`` 8.330 / 3.911 -> 6.876 / 2.118
-      (2026-11-26-h100-batched-code-budget.md). Commit e8bd86e added ``dgz`` (NequIP-benzene float32
-      ``ir_mul``: 204 KB in two groups of nine warps, node by node) and gave the batched kinds
-      their own budget, 96 KB (one budget of 96 would split the conv's NequIP-OAM float64
-      kernels, which lose split: see ``code_bytes``). H100, ``benchmarks/tune_cuda.py --dbl-force``, ms of force
-      training's double backward (``dblf``: 9372383 -> ``dgz`` at 128 KB, alternated with
-      9372383's ``ffi`` -> 96 KB, alternated with 128 twice; before
-      ``unstaged_float32_forward_sum_registers``) and of the ``dbl`` above (128 -> 96; at 128
-      its kernels are 9372383's):
-
-      | product | dblf | dbl |
-      |---|---|---|
-      | NequIP-benzene f32 ``ir_mul`` | 7.272 -> 4.887 -> **3.807** | 2.105 -> **2.048** |
-      | NequIP-benzene f32 ``mul_ir`` | 4.230 -> 3.758 -> **3.605** | 2.124 -> **2.082** |
-      | NequIP-benzene f64 ``ir_mul`` | 9.032 -> **7.185** (unchanged at 96) | 3.945 (unchanged) |
-      | NequIP-benzene f64 ``mul_ir`` | 10.092 -> **6.878** (unchanged at 96) | 3.940 (unchanged) |
-      | SevenNet main f32 ``ir_mul`` | 1.437 (unchanged at 128) -> **1.415** | 0.875 -> **0.808** |
-      | SevenNet main f32 ``mul_ir`` | 1.453 -> 1.433 -> **1.418** | 0.833 -> **0.810** |
-      | SevenNet main f64 ``ir_mul`` | 3.434 (unchanged at 128) -> **3.238** | 1.929 (unchanged) |
-      | SevenNet main f64 ``mul_ir`` | 3.886 -> **3.217** (unchanged at 96) | 1.935 (unchanged) |
-      | NequIP-OAM main f64 ``mul_ir`` | 2.202 (unchanged at 128) -> **2.152** | 1.186 (unchanged) |
-
-      Between 128 and 96 KB only these kernels change in the catalogue's channelwise products
-      (MACE-large, MACE-medium, NequIP-LiPS, NequIP-OAM main, NequIP-benzene, SevenNet main,
-      both layouts and dtypes); at 80 KB NequIP-benzene's are the same as at 96
-      (2026-11-26-h100-force-training-double-backward.md). Shared-weight backward kinds
-      (NequIP-benzene's: one block of 12 warps, 155-223 KB) split too, not measured (shared
-      weights default to Pallas).
+      built as configured (split, NequIP-benzene's lost). The batched kinds have a budget of
+      their own, below the conv's: split at it, the widest products' backward kinds ran
+      faster, and one budget this small would split the conv's NequIP-OAM float64 kernels,
+      which lose split (see ``code_bytes``; docs/tuning.md#schedule-batched_code_bytes).
+      Shared-weight backward kinds split too, not measured (shared weights default to Pallas).
     * ``node_major_float64_conv_forward``: a float64 conv forward of several groups runs them
-      node by node (a node's blocks side by side). NequIP-benzene, 4 groups: 6.25 ms against
-      13.07 group-major (twice each), though no two of its groups share a multiprocessor
-      either way (244 registers x 160 threads, one block each); a guess at why: its 9.5 GB of
-      per-edge weights, each row read in one pass instead of four. In float32 the forward runs
-      group-major (2 groups: 3.71 against 9.51 node by node).
+      node by node (a node's blocks side by side): faster on NequIP-benzene, though no two of
+      its groups share a multiprocessor either way; a guess at why: its per-edge weights, each
+      row read in one pass instead of one per group. In float32 the forward runs group-major,
+      faster there (docs/tuning.md#schedule-node_major_float64_conv_forward).
     * ``batched_group_major``: a batched kernel of several groups runs them group-major (all
       row blocks of a group before the next group's); :func:`ffi.ops.kernel` sets it where a
       backward kind's (or ``dgz``'s) code does not fit ``batched_code_bytes`` node by node. A
@@ -226,11 +143,9 @@ class Config:
       (force training's) runs them in one kernel, ``tp_second`` (:func:`ffi.ops.second_sum`),
       where every output segment is reached from one ``x`` segment (:func:`outputs_follow_x`)
       and the kernel spills at most ``ffi.ops.FUSED_SPILL_BYTES``; else in two, each reading
-      ``x, y, w`` and the three cotangents. H100, ``tune_cuda.py --dbl-force``, 20,000 rows,
-      ``ir_mul`` ms, fused / two kernels: float32 MACE-medium 0.596 / 0.675, NequIP-LiPS 0.613
-      / 0.688, MACE-large 1.529 / 1.613, NequIP-OAM main 0.926 / 1.016, SevenNet main 1.272 /
-      1.417, NequIP-benzene 3.214 / 3.536; float64 MACE-medium 1.155 / 1.317, MACE-large 2.874
-      / 3.175; ``mul_ir`` alike (2026-11-26-h100-fused-second-order.md).
+      ``x, y, w`` and the three cotangents. One kernel reads each row once, and was the faster
+      on every product measured (benchmarks/results/2026-11-26-h100-fused-second-order.md;
+      docs/tuning.md#schedule-fused_second_order).
     """
 
     forward_registers: int = 160
@@ -594,11 +509,11 @@ def backward_programs(desc, dtype, values: int, channels: int = 1, sums: Sums = 
     most_cost = max(cost.values(), default=1)
     programs = []
     for mul, group in groups.items():
-        # float64 lanes keep one channel: MACE-large's backward took 5.85 ms on two, 5.43 on one (H200)
+        # float64 lanes keep one channel: two were slower (docs/tuning.md#schedule-backward-lane-channels)
         most = lane_channels(desc, group, dtype, channels) if words == 1 else 1
         if len(sums.y_likes) > 1:
-            # a double backward's lane sums against two A tables: at most two channels (MACE-large
-            # dbl 0.884 -> 0.830 ms with two, 0.851 with one; H200, float32, ir_mul)
+            # a double backward's lane sums against two A tables: at most two channels, faster
+            # than without the cap and than one (docs/tuning.md#schedule-backward-lane-channels)
             most = min(most, 2)
         xs = _unique(t.x for t in group)
         kinds: dict[tuple[int, bool], list[Segment]] = {}

@@ -310,8 +310,8 @@ class TensorProduct:
 
 
 # The most weights one chunk of :meth:`TensorProduct.radial_conv` holds (2**30 values, 4 GiB in
-# float32). Chunks cost time (a 4,000-atom NequIP step runs 1.8x slower in 3 chunks than in one,
-# benchmarks/results/2026-11-27-model-step-notes.md), so graphs whose weights fit in one
+# float32). Chunks cost time (benchmarks/results/2026-11-27-model-step-notes.md;
+# docs/tuning.md#radial_conv-edge_chunk_values), so graphs whose weights fit in one
 # chunk run unchunked; larger ones, where the weights would not fit on the GPU, pay it.
 EDGE_CHUNK_VALUES = 2**30
 

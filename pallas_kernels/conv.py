@@ -76,12 +76,10 @@ def _kahan_add(acc, comp, values):
     return new_acc, new_comp
 
 
-# Schedule knobs (benchmarks/tune_conv.py sweeps them). On the H200, MACE-large on the carbon
-# lattice: 1, 2 or 4 edges per step and 32, 64 or 128 accumulators per thread all ran within
-# 5 % of each other (fwd 1.35-1.41 ms, fwd+bwd 7.5-7.6 ms; 2 edges per step took 48 s instead
-# of 7 s to compile), so the cheapest to compile is the default. Letting Triton software-pipeline
-# the edge loop (num_stages 2 or 3 instead of 1) changed neither (fwd 1.32-1.38, fwd+bwd
-# 7.96-8.08 ms in one run).
+# Schedule knobs (benchmarks/tune_conv.py sweeps them). 1, 2 or 4 edges per step and 32, 64 or
+# 128 accumulators per thread ran about alike, so the cheapest to compile is the default; letting
+# Triton software-pipeline the edge loop (num_stages 2 or 3 instead of 1) changed neither
+# (docs/tuning.md#conv-edges_per_step).
 EDGES_PER_STEP = 1
 
 
@@ -115,9 +113,8 @@ def _edge_loop(start, end, body, init, kahan):
 
 
 # 32-bit registers per thread for a forward program's sums (a float64 sum takes two); the
-# other outputs go to other programs (:func:`conv_output_groups`). Measured (H200, MACE-large
-# on the carbon lattice, fwd): float64 2.71 / 2.47 / 3.16 ms with 32 / 64 / 128 registers; in
-# float32 32, 64 and 128 ran within 5 % of each other.
+# other outputs go to other programs (:func:`conv_output_groups`). 64 was the fastest in
+# float64, and float32 is indifferent (docs/tuning.md#conv-accumulator_registers).
 ACCUMULATOR_REGISTERS = 64
 
 # Rows of a graph too small to fill the GPU (a few hundred rows for 132 SMs) are split further:
@@ -195,10 +192,9 @@ def _extras_rows(parts: RowParts) -> int:
 
 # Whether the forward's multiply-adds start from the running sums of the edge loop (each
 # product fused into the sum it feeds) or an edge's values are summed first and then added to
-# the running sums. None: chained in float64 only. Measured (H200, MACE-large on the carbon
-# lattice, one process, fwd ms, separate / chained): float32 1.200 / 1.389, float64 2.283 /
-# 2.107. The backward's gx starts from the running sums but with Kahan summation (float32
-# backward about 4.0 -> 3.5 ms).
+# the running sums. None: chained in float64 only, where it was the faster; in float32 separate
+# sums were. The backward's gx starts from the running sums but with Kahan summation, which paid
+# (docs/tuning.md#conv-chained_forward).
 CHAINED_FORWARD: bool | None = None
 
 
@@ -216,9 +212,7 @@ def forward_warps(desc, dtype) -> int:
     neighbouring channels per thread pays even where the batched forward prefers the width
     rule. The sums get :data:`ACCUMULATOR_REGISTERS` per thread, and a float64 sum takes two:
     one warp splits MACE-large's outputs over twice the programs of two, each repeating the
-    edge loop's index, x and y loads. Measured (H200, the carbon lattice, ``ir_mul``, fwd ms
-    with 1 / 2 / 4 warps): MACE-large float64 2.645 / 2.019 / 2.643, float32 1.101 / 1.255 /
-    1.213; NequIP-benzene (64 channels) float64 5.363 / 5.911 / -, float32 2.698 / 3.001 / -."""
+    edge loop's index, x and y loads (docs/tuning.md#conv-forward_warps)."""
     if tensor_product.FORWARD_WARPS is None and channelwise(desc) and desc.layout == "ir_mul":
         return 2 if jnp.dtype(dtype) == jnp.float64 and widest_chunk(desc) >= 128 else 1
     return num_warps(desc)
@@ -227,11 +221,9 @@ def forward_warps(desc, dtype) -> int:
 # The backward reads, per edge, the output cotangent's row of the edge's receiver, a vector
 # per irrep component and channel chunk: strided by the irrep's dimension in ``mul_ir``,
 # contiguous in ``ir_mul``. It reads a copy of the cotangent in this layout (one pass over
-# num_nodes rows, outside the kernel). Measured (H200, MACE-large on the carbon lattice,
-# fwd+bwd ms, mul_ir -> ir_mul): float32 5.99 -> 5.54, float64 14.46 -> 13.86. The forward's
-# per-edge x gains nothing from it (the kernel's time and instructions unchanged in ncu, and
-# the conversions of x and the output cost 0.14 ms), nor does the backward from loading the
-# sender's x once before its edge loop instead of per edge (5.55 / 5.57 ms).
+# num_nodes rows, outside the kernel): contiguous reads paid in both dtypes. The forward's
+# per-edge x gains nothing from it, nor does the backward from loading the sender's x once
+# before its edge loop instead of per edge (docs/tuning.md#conv-cotangent_layout).
 COTANGENT_LAYOUT = "ir_mul"
 
 
@@ -263,15 +255,10 @@ def backward_programs(desc) -> tuple[list[tuple[list[int], list, int, int]], int
     chunk for).
 
     Chunks per group: as many as its output cotangent needs at :data:`COTANGENT_PER_THREAD`
-    elements per lane, in either dtype (2, 3 and 4 for MACE-large's three x segments).
-    Measured (H200, MACE-large on the carbon lattice, fwd+bwd ms): float64 one program per
-    segment 13.76, the rule 9.86 (the same number of chunks in every group: 2 10.88, 4
-    10.16); float32 one per segment 5.44 / 5.43, the rule 5.36 / 5.35 (two runs; 40 elements
-    per lane 5.34 / 5.35, 64: 5.53; 2, 3, 4 chunks in every group, empty ones kept: 5.81,
-    6.38, 5.76), compiling in 13 s instead of 7. The backward runs one warp per program at
-    the register limit (255 registers, 12.5 % occupancy in float32 with one program per
-    segment): a smaller live set pays where the extra programs' repeated per-edge work
-    (indices, x and y, the gy lane sums and partials) costs less than it saves."""
+    elements per lane, in either dtype (2, 3 and 4 for MACE-large's three x segments). The
+    backward runs one warp per program at the register limit: a smaller live set pays where
+    the extra programs' repeated per-edge work (indices, x and y, the gy lane sums and
+    partials) costs less than it saves (docs/tuning.md#conv-backward_programs)."""
     lanes = 32 * num_warps(desc, backward=True)
     programs, partials = [], 1
     for segments, paths in input_groups(desc):

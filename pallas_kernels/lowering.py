@@ -13,11 +13,9 @@ be caught around our call alone). To move the kernels to Mosaic GPU, replace
 CPU: ``interpret=True`` (the same kernels, slowly, for tests).
 
 Multiply-adds: the Triton kernels are compiled by XLA, whose NVPTX backend does not contract
-``a * b + c`` into a fused multiply-add (no ``FFMA`` in the SASS of the conv kernels: half
-their instructions were ``FMUL``, a third ``FADD``). :func:`fma` emits ``fma.rn`` as inline
-PTX. Measured (H200, MACE-large conv on the carbon lattice, float32), with contraction forced
-for the whole process instead (``XLA_FLAGS=--xla_backend_extra_options=-nvptx-fma-level=1``):
-fwd 1.239 -> 1.129 ms, fwd+bwd 5.336 -> 5.066 ms.
+``a * b + c`` into a fused multiply-add (no ``FFMA`` in the SASS of the conv kernels, only
+``FMUL`` and ``FADD``). :func:`fma` emits ``fma.rn`` as inline PTX: contracted multiply-adds
+made the conv faster (docs/tuning.md#lowering-fused-multiply-adds).
 """
 
 from __future__ import annotations

@@ -37,14 +37,10 @@ from .tensor_product import (
 )  # fmt: skip
 
 # Rows and warps per program (knobs for benchmarks/tune_conv.py --forward-block-rows,
-# --forward-block-warps, --backward-block-rows, --backward-block-warps). Measured (H200,
-# tetris-poly-1, 50,000 rows, ms fwd / fwd+bwd, rows x warps): float32 32x1 0.160 / 1.214, 32x2
-# 0.141 / 0.713, 64x2 0.166 / 1.028, 16x4 0.116 / 0.466, 32x4 0.135 / 0.445, 16x8 0.086 /
-# 0.589, 32x8 0.119 / 0.481; float64 32x2 2.885 / 9.178 (spilled), 8x4 0.184 / 0.985, 16x4
-# 0.191 / 0.900, 32x4 0.248 / 1.984, 16x8 0.187 / 1.059. The per-row kernels of
-# tensor_product took 0.188 and 0.351 ms forward, 0.764 and 1.462 backward alone (an earlier
-# process, 2026-11-24-h200-tp-uvw.md). The backward's rows: None, 128 bytes of values (32
-# float32, 16 float64).
+# --forward-block-warps, --backward-block-rows, --backward-block-warps): the defaults were the
+# fastest on tetris-poly-1, or close to it, and beat tensor_product's per-row kernels
+# (docs/tuning.md#row_blocks-rows-and-warps-per-program). The backward's rows: None, 128 bytes
+# of values (32 float32, 16 float64).
 FORWARD_ROWS = 16
 FORWARD_WARPS = 8
 BACKWARD_ROWS: int | None = None

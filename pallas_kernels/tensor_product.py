@@ -232,12 +232,11 @@ def _forward_path(desc, p, c0, cs, rx, ry, rw, acc):
 # element) are taken: "tile" joins the lane vectors of consecutive positions into one
 # (lanes, positions) tile and reduces it once (one shared-memory round trip across warps);
 # "element" reduces each lane vector on its own (a round trip and barriers per element).
-# Measured on the H200, MACE-large conv on the carbon lattice, f32, 4 warps per backward
-# program: fwd+bwd 8.08 ms with "element", 7.04 ms with "tile" (ncu: barrier stalls per
-# issued instruction 1.00 -> 0.51); benchmarks/tune_conv.py --lane-sums element,tile.
+# "tile" halves the barrier stalls and is the faster (benchmarks/tune_conv.py --lane-sums
+# element,tile; docs/tuning.md#tensor_product-lane_sums).
 LANE_SUMS = "tile"
 # Lane vectors narrower than a warp stay per element: Triton's compiler crashed (segfault,
-# H200, JAX 0.11.2) on the joins of 4- and 1-lane vectors.
+# JAX 0.11.2) on the joins of 4- and 1-lane vectors (docs/tuning.md#tensor_product-tile_min_lanes).
 TILE_MIN_LANES = 32
 
 
@@ -498,13 +497,9 @@ def channel_windows(desc, dtype) -> list[tuple[int, int] | None]:
     split by x channel and ``gy`` (one slot per y channel, summed over x channels) is a
     partial per program; a ``uu*`` path's ``gy`` would split by channel too. The rule: two
     windows for channelwise (``uvu``) products in float64 where every x segment has at least
-    128 channels (two or more per lane of their one-warp backward programs); else one.
-
-    Measured (H200, 50,000 rows fwd+bwd / 20,000 rows dbl, ms, one -> two windows;
-    tune_conv.py): float64 MACE-large 6.91 -> 6.20 / 2.89 -> 1.97, MACE-medium (which the rule
-    splits too) 1.91 -> 1.94 (within noise), NequIP-OAM (mixed multiplicities) 3.47 -> 3.55 /
-    1.21 -> 1.32, NequIP-LiPS (32 channels) 1.91 -> 2.61; float32 MACE-large 2.69 -> 2.68 /
-    1.06 -> 1.16, MACE-medium 1.03 -> 1.00 / 0.43 -> 0.41. The conv's backward splits its
+    128 channels (two or more per lane of their one-warp backward programs); else one. Two
+    windows paid for MACE-large in float64 and lost for narrower or mixed products and in
+    float32 (docs/tuning.md#tensor_product-channel_windows). The conv's backward splits its
     programs by paths instead (:func:`pallas_kernels.conv.backward_programs`)."""
     modes = {p.mode for p in desc.active_paths}
     n = CHANNEL_WINDOWS
@@ -562,18 +557,10 @@ ROWS_PER_PROGRAM: int | None = None
 
 def rows_per_program(desc, n: int, forward: bool = False) -> int:
     """Rows per program of the batched kernels: 8 for a channelwise product from 8,192 rows
-    (2 for its `forward` in ``ir_mul`` on one warp per program), else 1.
-
-    Measured (H200, 50,000 rows, float32 fwd / fwd+bwd / dbl ms, 8 rows -> 1): MACE-large
-    0.887 / 2.829 / - -> 1.403 / 3.241 / - (``mul_ir``, four warps;
-    results/2026-11-21-h200-ab.md); ``uvw`` products DiffDock-L1 0.565 / 1.731 / 1.078 ->
-    0.530 / 1.626 / 0.923, DiffDock-L2 0.553 / 1.781 / 1.142 -> 0.537 / 1.675 / 0.951,
-    tetris-poly-2 0.119 / 0.400 / 0.313 -> 0.097 / 0.323 / 0.242 (float64 0.209 / 0.632 /
-    0.419 -> 0.181 / 0.587 / 0.394). The one-warp ``ir_mul`` forwards, fwd ms with 8 / 2 / 4
-    rows (1 row was fastest for some, 1.7x slower for others: NequIP-OAM float32, NequIP-LiPS
-    float64): float32 NequIP-LiPS 0.303 / 0.281 / 0.285, NequIP-OAM 0.430 / 0.414 / 0.428,
-    MACE-medium 0.270 / 0.262 / 0.271, MACE-large 0.667 / 0.631 / 0.649; float64 0.529 /
-    0.527 / 0.529, 0.796 / 0.751 / 0.780, 0.520 / 0.508 / 0.502, 1.317 / 1.264 / 1.275."""
+    (2 for its `forward` in ``ir_mul`` on one warp per program), else 1: several rows paid for
+    channelwise products and lost for ``uvw`` ones, and the one-warp ``ir_mul`` forwards were
+    fastest, or close to it, at two (results/2026-11-21-h200-ab.md;
+    docs/tuning.md#tensor_product-rows_per_program)."""
     if ROWS_PER_PROGRAM is not None:
         return ROWS_PER_PROGRAM
     if not channelwise(desc) or n < 8 * 1024:
@@ -592,26 +579,20 @@ def num_warps(desc, backward: bool = False) -> int:
     """One thread per lane of the widest channel chunk (4 warps for 128 channels, 1 for 32):
     narrower problems then run more programs per SM instead of idling threads. The backward
     of a channelwise (``uvu``) product runs one warp per program: its ``gy`` cross-lane sums
-    then stay in warp shuffles, without shared memory or barriers (H200, MACE-large conv on
-    the carbon lattice, f32: fwd+bwd 7.04 ms with 4 warps, 6.66 ms with 1; the batched product
-    at 50,000 rows 3.07 -> 2.94 ms, NequIP-OAM's 3.75 -> 2.07 ms). Products with ``uvw``/``uuw``
+    then stay in warp shuffles, without shared memory or barriers
+    (docs/tuning.md#tensor_product-num_warps). Products with ``uvw``/``uuw``
     paths keep the forward's warps: their 2-D ``(u, w)`` tiles would not fit one warp's
     registers (but see :func:`batched_warps`).
 
     The forward of a channelwise product in the ``ir_mul`` layout at least 128 channels wide
     runs one warp too: a component's channels are contiguous there, and a thread that owns
     several neighbouring channels loads and stores them as one vector (in ``mul_ir`` they are
-    strided by the irrep's dimension, and one warp was 1.7-3.7x slower). With one warp a
-    float32 row has 4x the outputs per thread, so :func:`forward_groups` gives MACE-large (and
-    NequIP-OAM) a program per output segment: the measurements below are of both changes
-    together, through the :data:`FORWARD_WARPS` knob. Measured (H200, fwd ms, 4 warps (the
-    width rule) -> 1): batched at 50,000 rows, float32 MACE-large 0.789 -> 0.658 (2 warps:
-    0.657), MACE-medium 0.297 -> 0.273, NequIP-OAM 0.546 -> 0.437, NequIP-LiPS (32 channels:
-    one warp either way) 0.304 / 0.293; float64 NequIP-OAM 1.532 -> 0.802, MACE-large 1.323 ->
-    1.328; the MACE-large conv on the carbon lattice, float32, 1.213 -> 1.098 (fwd+bwd 4.446 ->
-    4.337). Narrower products keep the width rule (two warps for 64 channels): NequIP-benzene,
-    64 channels, batched fwd ms with 1 / 2 warps, float32 2.180 / 1.698, float64 3.768 /
-    3.201. The conv forward has its own rule, :func:`pallas_kernels.conv.forward_warps`."""
+    strided by the irrep's dimension, and one warp was slower). With one warp a float32 row
+    has 4x the outputs per thread, so :func:`forward_groups` gives MACE-large (and NequIP-OAM)
+    a program per output segment; the two changes were measured together, through the
+    :data:`FORWARD_WARPS` knob. Narrower products keep the width rule (two warps for 64
+    channels), faster there (docs/tuning.md#tensor_product-num_warps). The conv forward has
+    its own rule, :func:`pallas_kernels.conv.forward_warps`."""
     knob = BACKWARD_WARPS if backward else FORWARD_WARPS
     if knob is not None:
         return knob
@@ -633,10 +614,8 @@ def batched_warps(desc, backward: bool = False) -> int:
     """Warps per program of the batched forward (or `backward`): :func:`num_warps`, but one
     for a product of ``uvw``/``uuw`` paths only whose ``(u, w)`` tiles all hold at most
     :data:`ONE_WARP_TILE` values, forward and backward: the tiles' sums over ``u`` then stay in
-    warp shuffles. Measured (H200, tetris-poly-2, tiles of 64 x 4, 50,000 rows, one row per
-    program, ms with 2 -> 1 warps): float32 fwd 0.097 -> 0.076, fwd+bwd 0.323 -> 0.233, dbl
-    0.242 -> 0.166; float64 fwd 0.181 -> 0.132. The conv keeps :func:`num_warps` (not measured
-    there)."""
+    warp shuffles, faster in both dtypes (docs/tuning.md#tensor_product-batched_warps). The
+    conv keeps :func:`num_warps` (not measured there)."""
     knob = BACKWARD_WARPS if backward else FORWARD_WARPS
     modes = {p.mode for p in desc.active_paths}
     if knob is None and modes and modes <= {"uvw", "uuw"} and largest_tile(desc) <= ONE_WARP_TILE:
@@ -705,22 +684,9 @@ def forward_groups(desc, dtype) -> list[list[int]]:
     :data:`FORWARD_OUTPUTS_PER_THREAD` per thread
     (a row's outputs stay in registers until its stores: storing each segment early was
     slower, the loads after a store no longer overlap, results/2026-11-21-h200-ab.md); else
-    one. A program reads only its paths' inputs.
-
-    Measured (H200, 50,000 rows, ms, one program -> per segment; tune_conv.py, one process
-    per dtype, about 8 % run-to-run spread): float64 MACE-large 2.82 -> 2.63, MACE-medium 0.95
-    -> 0.60, NequIP-LiPS 0.61 -> 0.57, NequIP-OAM 1.20 -> 1.23, DiffDock-L1 1.04 -> 0.96, the
-    double backward (its dgz) unchanged (MACE-medium 0.84 -> 0.83 at 20,000 rows); float32
-    MACE-large (71 outputs per thread) 0.90 -> 0.84, NequIP-LiPS 0.31 -> 0.36, NequIP-OAM 0.57
-    -> 0.72. NequIP-benzene (312 per thread): float32 2.98 (groups of 64 per thread) -> 2.25,
-    float64 41.2 (one program, an earlier process) / 6.13 (groups of 64) -> 4.32 (side by side).
-    Groups under a budget (32-128 per thread) were no better than one of the two. A ``uvw``
-    product's programs then hold fewer sums (DiffDock-L1 float32, one program: 147 registers,
-    12 one-warp blocks per multiprocessor, 58 % of DRAM bandwidth under Nsight Compute):
-    float32 (two runs each, one process per dtype, 2026-11-25) DiffDock-L1 0.539 / 0.532 ->
-    0.509 / 0.511, ``ir_mul`` 0.542 / 0.537 -> 0.511 / 0.512; DiffDock-L2 0.537 / 0.536 -> 0.514
-    / 0.524, ``ir_mul`` 0.528 / 0.527 -> 0.517 / 0.517; tetris-poly-2 0.076 / 0.074 -> 0.073 /
-    0.074, ``ir_mul`` 0.075 / 0.076 -> 0.072 / 0.072 (float64 was per segment already)."""
+    one. A program reads only its paths' inputs, and a ``uvw`` product's programs hold fewer
+    sums. Groups under a budget of outputs per thread were no better than one of the two
+    (docs/tuning.md#tensor_product-forward_groups)."""
     if FORWARD_ACCUMULATORS is not None:
         return output_groups(desc, FORWARD_ACCUMULATORS, batched_warps(desc))
     wide = desc.dims[2] > FORWARD_OUTPUTS_PER_THREAD * 32 * batched_warps(desc)
@@ -730,10 +696,8 @@ def forward_groups(desc, dtype) -> list[list[int]]:
 
 
 # Whether the batched forward's multiply-adds are fused instructions (:func:`~.lowering.fma`);
-# None: except in float64. Measured (H200, 50,000 rows, fwd ms, fused / separate): float64
-# MACE-large 2.700 / 2.572, NequIP-OAM 1.240 / 1.177; float32 MACE-large 0.782 / 0.779,
-# MACE-medium 0.280 / 0.313, NequIP-OAM 0.571 / 0.557, NequIP-LiPS 0.281 / 0.273 (within 3 %
-# either way but MACE-medium's 11 %: fused).
+# None: except in float64, where separate ones were the faster; in float32 the two are close
+# but for one product, faster fused (docs/tuning.md#tensor_product-fused_forward).
 FUSED_FORWARD: bool | None = None
 
 
@@ -806,13 +770,8 @@ BACKWARD_GROUPS: bool | None = None
 def backward_groups(desc, dtype) -> list[tuple[list[int], list]]:
     """The batched backward's program groups: :func:`input_groups` for channelwise products,
     and in float64 for products whose x segments are all at least 8 channels wide; else one.
-
-    Measured (H200, 50,000 rows fwd+bwd / gpu_benchmark.py's dbl at 20,000, ms, one group ->
-    groups): float64 MACE-large 8.67 -> 7.04 / 5.35 -> 2.96, NequIP-OAM 4.60 -> 3.60 / 2.62 ->
-    1.35, DiffDock-L2 4.15 -> 3.78 / 3.68 -> 2.34; float32 MACE-large 2.81 -> 2.84 / 1.37 ->
-    1.20, NequIP-OAM 1.92 -> 1.86 / 0.94 -> 0.72, DiffDock-L2 1.89 -> 1.94 / 1.19 -> 1.21. In
-    the side-by-side runs, bwd alone: float32 DiffDock-L1 1.11 -> 1.27 ms, tetris-poly-1 (x
-    segments of one channel) 0.85 -> 1.05; float64 tetris-poly-1 1.91 -> 2.16."""
+    Groups paid there (each program holds fewer live values) and lost for float32 ``uvw``
+    products and for x segments of one channel (docs/tuning.md#tensor_product-backward_groups)."""
     grouped = BACKWARD_GROUPS
     if grouped is None:
         wide = all(seg.mul >= 8 for seg in desc.in1)
@@ -825,12 +784,9 @@ def backward_groups(desc, dtype) -> list[tuple[list[int], list]]:
 # kernel of its own that reads the rows again. None: where a row's outputs number at most
 # :data:`SECOND_OUTPUTS`. Each fused program holds its partial ``dgz`` row, every output, beside
 # the backward's sums, where the forward kernel holds one output segment per program in
-# float64 and for ``uvw``. Measured (H200, force training's double backward, 20,000 rows, ms,
-# separate / fused, two runs each, tune_conv.py --fused-second 0,1,0,1 --dbl-force):
-# tetris-poly-2 (7 outputs) float64 0.537 / 0.460, 0.533 / 0.456, float32 0.276 / 0.260, 0.276 /
-# 0.260; DiffDock-L1 (156 outputs) float64 4.177 / 4.996, 4.173 / 5.000, float32 2.272 / 3.974,
-# 2.274 / 3.973. No product between 7 and 156 outputs was timed: 32 (a warp's lanes) is a
-# choice inside that gap, not a measured edge.
+# float64 and for ``uvw``. Fusing paid for a product of 7 outputs and lost for one of 156; none
+# between was timed: 32 (a warp's lanes) is a choice inside that gap, not a measured edge
+# (docs/tuning.md#tensor_product-fused_second).
 FUSED_SECOND: bool | None = None
 SECOND_OUTPUTS = 32
 

@@ -123,9 +123,9 @@ def default_backend(desc=None, shared_weights: bool = False, conv: bool = False)
     dtype; without a descriptor, the platform's default for the products the Pallas kernels
     run.
 
-    Measured (benchmarks/results/2026-11-21-h200-tp.md): on GPU the Pallas kernels beat
-    ``xla`` on every problem measured with per-row weights (channelwise and ``uvw``), so they
-    run every descriptor whose modes they run, but for the CUDA kernels' products below; on
+    On GPU the Pallas kernels beat ``xla`` on every problem measured with per-row weights
+    (channelwise and ``uvw``; benchmarks/results/2026-11-21-h200-tp.md), so they run every
+    descriptor whose modes they run, but for the CUDA kernels' products below; on
     CPU always ``xla`` (Pallas runs interpreted). With shared weights, a product whose
     ``uvw``/``uuw`` paths contract over several ``x`` channels goes to ``xla``: the kernels
     read each path's whole ``(u, w)`` weight block for every row, where XLA contracts the
@@ -134,22 +134,14 @@ def default_backend(desc=None, shared_weights: bool = False, conv: bool = False)
     The convolution of a wide channelwise product goes to the CUDA kernels where they were
     measured to pay (:data:`CUDA_CONV_MIN_CHANNELS`, :data:`CUDA_FOOTPRINT`). A batched
     channelwise product with per-row weights runs on the CUDA kernels (``"cuda"``): with two
-    rows per block, and in ``mul_ir`` its rows moved through shared memory, their forward beat
-    Pallas' in all 16 cells measured (MACE-large, MACE-medium, NequIP-OAM, NequIP-LiPS; both
-    layouts and dtypes; 50,000 rows: ``mul_ir`` float64 MACE-large 1.270 vs 2.574 ms,
-    ``ir_mul`` float32 0.650 vs 0.654; 2026-11-24-h200-batched-rows.md, -tp-rows-f32.md,
-    -tp-rows-f64.md), and their backward and double backward beat Pallas' in every
-    channelwise cell (MACE-large ``ir_mul`` bwd 0.881 vs 0.991 ms, dbl 0.890 vs 0.934;
-    2026-11-24-h200-tp-cuda-second-*.md). The products whose backward lanes hold more (134
-    values: NequIP-benzene, SevenNet's main layer) beat Pallas too, NequIP-benzene since its
-    backward kernels run split to fit the instruction caches (``ffi.schedule.Config.batched_code_bytes``):
-    float32, 50,000 rows (double backward 20,000), fwd / fwd+bwd / dbl ms, CUDA vs Pallas on
-    one H100: NequIP-benzene ``ir_mul`` 1.85 / 6.80 / 2.11 vs 2.01 / 7.24 / 2.43, ``mul_ir``
-    1.87 / 6.88 / 2.12 vs 2.10 / 7.81 / 2.46; SevenNet ``ir_mul`` 0.730 / 2.640 / 0.872 vs
-    0.748 / 2.793 / 0.902, ``mul_ir`` 0.734 / 2.667 / 0.833 vs 0.888 / 3.068 / 0.974
-    (2026-11-26-h100-batched-code-budget.md); in float64 NequIP-benzene ran on CUDA before
-    (``ir_mul`` fwd 2.82 vs 3.22 ms, dbl 3.05 vs 4.02; H200,
-    2026-11-25-h200-tp-benzene-backends.md).
+    rows per block, and in ``mul_ir`` its rows moved through shared memory, their forward,
+    backward and double backward beat Pallas' on every channelwise product measured, in both
+    layouts and dtypes (benchmarks/results/2026-11-24-h200-batched-rows.md,
+    2026-11-24-h200-tp-rows-f32.md, -tp-rows-f64.md, -tp-cuda-second-*.md). The products whose
+    backward lanes hold more (134 values: NequIP-benzene, SevenNet's main layer) beat Pallas
+    too, NequIP-benzene since its backward kernels run split to fit the instruction caches
+    (``ffi.schedule.Config.batched_code_bytes``; 2026-11-26-h100-batched-code-budget.md,
+    2026-11-25-h200-tp-benzene-backends.md; docs/tuning.md#backends-default_backend).
     """
     if jax.default_backend() != "gpu":
         return "xla"

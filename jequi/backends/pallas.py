@@ -33,9 +33,9 @@ def second(desc, spec, arrays):
     """The fused double backward (:class:`jequi.autodiff.SecondOrder`): one backward-like
     kernel for ``dx, dy, dw`` over the spec's pairs that also sums ``dgz`` over its triples
     (:func:`pallas_kernels.second_sum`, where :func:`pallas_kernels.fuses_second`), else that
-    kernel and a forward-like one for ``dgz``. One kernel per gradient instead was slower
-    (H200, dbl of gpu_benchmark.py at 20,000 rows, MACE-large f32 1.195 -> 2.334 ms,
-    NequIP-OAM 0.716 -> 1.066; tune_conv.py, benchmarks/results/2026-11-21-h200-ab.md)."""
+    kernel and a forward-like one for ``dgz``. One kernel per gradient instead was slower: each
+    reads the rows again (benchmarks/results/2026-11-21-h200-ab.md;
+    docs/tuning.md#backends-pallas-second)."""
     shared = arrays[W].ndim == 1
     if pallas_kernels.fuses_second(desc, arrays[GZ].dtype, spec.dgz, spec.pairs):
         return pallas_kernels.second_sum(desc, arrays[GZ], arrays, triples=spec.dgz, terms=spec.pairs, shared_weights=shared)

@@ -18,8 +18,8 @@ would multiply the dominant ``X1 . T`` work by zeros).
 ``x``, ``y`` and ``w`` are cut into their blocks (and paths' weights) once per call, by one
 split each (:func:`_pieces`), and each group's sum is added into its output block, the blocks
 concatenated: no slice or scatter, whose transposes (a zero-padded copy of the whole operand
-per use) made the double backward 2-3x slower on CPU than e3nn-jax's
-(benchmarks/results/2026-11-26-cpu-reference.md).
+per use) made the double backward several times slower on CPU than e3nn-jax's
+(benchmarks/results/2026-11-26-cpu-reference.md; docs/tuning.md#xla-operands-split-once).
 
 ``backward`` is ``jax.vjp`` of ``forward`` (in the needed inputs only) and the double
 backward (:func:`second`) ``jax.vjp`` of ``backward``; convolutions are gather, tensor product
@@ -192,8 +192,7 @@ def _second(bwd, spec, arrays):
 def second(desc: TensorProductDescriptor, spec, arrays):
     """The double backward by autodiff of :func:`backward`, instead of the identity's forward
     and backward calls (:mod:`jequi.autodiff`), which recompute the ``T`` tables and the
-    conv's gathers per call: CPU, batch 1000, ms: MACE-medium 16.5 -> 14.2, NequIP-LiPS 21.1
-    -> 18.2, tetris-poly-1 2.9 -> 2.1, MACE-large equal (60-67)."""
+    conv's gathers per call: faster on CPU, or equal (docs/tuning.md#xla-second)."""
     return _second(functools.partial(backward, desc), spec, arrays)
 
 

@@ -52,9 +52,9 @@ def fit_species_shift(config: NequIPConfig, structures: list[Structure]) -> np.n
 def make_batches(structures, config, batch_size: int):
     """Batches of `batch_size` structures (the last may hold fewer), all padded to one shape (one
     compilation): the most atoms and the most edges that any one batch holds. Padding to
-    ``batch_size x`` the largest structure instead left 61 % of a 181-structure batch's edges
-    padding, and the model's per-edge work (radial MLP, spherical harmonics) runs on those too
-    (benchmarks/results/2026-11-27-model-step-notes.md)."""
+    ``batch_size x`` the largest structure instead left most of a batch's edges padding, and
+    the model's per-edge work (radial MLP, spherical harmonics) runs on those too
+    (benchmarks/results/2026-11-27-model-step-notes.md; docs/tuning.md#train-make_batches)."""
     edges = structure_edges(structures, config.cutoff)
     starts = range(0, len(structures), batch_size)
     n_atoms = max(sum(len(s.numbers) for s in structures[i : i + batch_size]) for i in starts)
