@@ -41,14 +41,20 @@ def params():
     return jax.tree.map(lambda a: a + 0.1, p)  # nonzero shifts, nothing special about init
 
 
+@functools.lru_cache
+def _energy_and_grad(config):
+    """The energy and its gradient, jitted once per model (and per graph shape)."""
+
+    def energy(positions, p, species, g, cell):
+        return NequIP(config).apply(p, species, positions, g, cell).sum()
+
+    return jax.jit(jax.value_and_grad(energy))
+
+
 def energy_forces(atoms, config=CONFIG):
     g = jequi.graph_from_atoms(atoms, config.cutoff)
     species, cell = config.species_index(atoms.numbers), jnp.asarray(atoms.cell.array)
-
-    def energy(positions):
-        return NequIP(config).apply(params(), species, positions, g, cell).sum()
-
-    e, grad = jax.value_and_grad(energy)(jnp.asarray(atoms.positions))
+    e, grad = _energy_and_grad(config)(jnp.asarray(atoms.positions), params(), species, g, cell)
     return float(e), -np.asarray(grad)
 
 
@@ -116,11 +122,11 @@ def test_one_training_step_lowers_the_loss():
     structures = data.emt_dataset(4, seed=5)
     (b,) = make_batches(structures, CONFIG, 4)
     p = params()
-    loss = jax.jit(lambda p: errors(p, CONFIG, b)[0])
-    grads = jax.grad(lambda p: errors(p, CONFIG, b)[0])(p)
+    loss_and_grads = jax.jit(jax.value_and_grad(lambda p: errors(p, CONFIG, b)[0]))  # one compile
+    before, grads = loss_and_grads(p)
     opt = optax.sgd(1e-3)
     updates, _ = opt.update(grads, opt.init(p))
-    assert float(loss(optax.apply_updates(p, updates))) < float(loss(p))
+    assert float(loss_and_grads(optax.apply_updates(p, updates))[0]) < float(before)
 
 
 def test_batches_share_the_tightest_shape():
@@ -139,21 +145,22 @@ def test_batches_share_the_tightest_shape():
 
 def test_padded_batch_and_vmap_match_single_structures():
     structures = data.emt_dataset(3, seed=6)
+    apply = jax.jit(NequIP(CONFIG).apply)
     singles = []
     for s in structures:
         atoms = s.to_atoms()
         g = jequi.graph_from_atoms(atoms, CONFIG.cutoff)
         species, cell = CONFIG.species_index(atoms.numbers), jnp.asarray(atoms.cell.array)
-        singles.append(float(NequIP(CONFIG).apply(params(), species, jnp.asarray(atoms.positions), g, cell).sum()))
+        singles.append(float(apply(params(), species, jnp.asarray(atoms.positions), g, cell).sum()))
     b = data.batch(structures, CONFIG, n_node=120, n_edge=6000)
-    per_atom = NequIP(CONFIG).apply(params(), b.species, b.positions, b.graph, b.cell)
+    per_atom = apply(params(), b.species, b.positions, b.graph, b.cell)
     energies = jax.ops.segment_sum(jnp.where(b.node_mask, per_atom, 0), b.node_graph, 4)[:3]
     assert_close(energies, np.array(singles), 1e-10)
     # vmap over equal-size (padded) structures
     one = [data.batch([s], CONFIG, n_node=40, n_edge=2000) for s in structures]
     stacked = jax.tree.map(lambda *a: jnp.stack(a), *one)
-    apply = jax.vmap(lambda b: NequIP(CONFIG).apply(params(), b.species, b.positions, b.graph, b.cell))
-    got = jnp.sum(jnp.where(stacked.node_mask, apply(stacked), 0), axis=1)
+    batched = jax.jit(jax.vmap(lambda b: NequIP(CONFIG).apply(params(), b.species, b.positions, b.graph, b.cell)))
+    got = jnp.sum(jnp.where(stacked.node_mask, batched(stacked), 0), axis=1)
     assert_close(got, np.array(singles), 1e-10)
 
 
