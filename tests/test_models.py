@@ -167,3 +167,11 @@ def test_padded_batch_and_vmap_match_single_structures():
 def test_unknown_element_is_a_clear_error():
     with pytest.raises(ValueError, match=r"elements \[8\] are not in the model's species"):
         CONFIG.species_index([29, 8])
+
+
+def test_batches_compile_once():
+    """Every batch of make_batches has one static structure (a batch without padding edges in
+    receiver order would otherwise be a second compilation of the training step)."""
+    structures = data.emt_dataset(12, seed=1)
+    batches = make_batches(structures, CONFIG, 4)
+    assert len({jax.tree.structure(b) for b in batches}) == 1

@@ -59,10 +59,12 @@ def make_batches(structures, config, batch_size: int):
     starts = range(0, len(structures), batch_size)
     n_atoms = max(sum(len(s.numbers) for s in structures[i : i + batch_size]) for i in starts)
     n_edges = max(sum(len(e[0]) for e in edges[i : i + batch_size]) for i in starts)
-    return [
-        batch(structures[i : i + batch_size], config, n_atoms, n_edges, edges[i : i + batch_size])
-        for i in starts
-    ]
+    batches = [batch(structures[i : i + batch_size], config, n_atoms, n_edges, edges[i : i + batch_size]) for i in starts]
+    # A batch without padding edges may be in receiver order (Graph.edges_sorted, a static
+    # field): one value for all keeps them one compilation.
+    if len({b.graph.edges_sorted for b in batches}) > 1:
+        batches = [dataclasses.replace(b, graph=dataclasses.replace(b.graph, edges_sorted=False)) for b in batches]
+    return batches
 
 
 @dataclasses.dataclass
