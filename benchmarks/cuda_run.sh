@@ -6,6 +6,8 @@
 # The whole of tests/test_cuda.py takes longer than one device command on a fresh machine (nvcc
 # builds every kernel): run TEST_K="not split_into_groups", then TEST_K="split_into_groups".
 # The log names each test as it ends, so a run cut short by its timeout still says what failed.
+# TEST_K matches module names too: any expression with "cuda" selects all of tests/test_cuda.py;
+# pick tests by their function names (TESTS=tests/test_cuda.py::test_name).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 [ -d /tmp/site/e3nn_jax ] || python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .peers/*.whl
