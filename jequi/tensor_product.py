@@ -249,7 +249,6 @@ class TensorProduct:
             out = op.apply(x, y, self._kernel_weights(w), *graph.index_arrays)
         return e3nn.IrrepsArray(self.irreps_out, out) if wrap else out
 
-
     def radial_conv(self, x, y, hidden, kernel, graph, *, edge_chunks: int | None = None, backend: str | None = None, kahan: bool = False):
         """:meth:`conv` with per-edge weights ``w = hidden @ kernel`` (a radial MLP's last linear
         layer), without the whole ``(E, weight_numel)`` weight array in memory.
@@ -273,6 +272,8 @@ class TensorProduct:
                 f"hidden has shape {hidden.shape}; expected (edges, hidden) = ({graph.num_edges}, {kernel.shape[0]})"
             )
         num_edges = graph.num_edges
+        if jnp.shape(y)[0] != num_edges:  # before the chunks cut y (conv checks the rest)
+            raise ValueError(f"y has {jnp.shape(y)[0]} rows but the graph has {num_edges} edges")
         if edge_chunks is None:
             edge_chunks = -(-num_edges * self.weight_numel // EDGE_CHUNK_VALUES)
         if not isinstance(edge_chunks, int) or edge_chunks < 1:
