@@ -16,7 +16,7 @@ from .backends import available_backends, default_backend
 from .descriptor import Path, Segment, TensorProductDescriptor
 from .graph import Graph
 from .irreps import Irrep, Irreps
-from .tensor_product import TensorProduct, channelwise, fully_connected
+from .products import TensorProduct, channelwise, fully_connected
 
 __version__ = "0.1.0"
 

@@ -11,7 +11,7 @@ BASELINES.md (its measured peers' speeds, kept outside this repository), built w
 
 from __future__ import annotations
 
-from .tensor_product import TensorProduct, channelwise, fully_connected
+from .products import TensorProduct, channelwise, fully_connected
 
 _NEQUIP_OAM_SH = "1x0e+1x1o+1x2e+1x3o"
 _NEQUIP_OAM_HIDDEN = "128x0e+64x1o+32x2e+32x3o"

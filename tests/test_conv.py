@@ -314,7 +314,7 @@ def test_radial_conv_chunk_rule_and_errors(tp, monkeypatch):
     h, k = rng.normal(size=(12, 3)), rng.normal(size=(3, tp.weight_numel))
     want = tp.conv(x, y, h @ k, g, backend="xla")
     # the rule: chunks of at most EDGE_CHUNK_VALUES weights
-    monkeypatch.setattr(jequi.tensor_product, "EDGE_CHUNK_VALUES", 4 * tp.weight_numel)
+    monkeypatch.setattr(jequi.products, "EDGE_CHUNK_VALUES", 4 * tp.weight_numel)
     jaxpr = str(jax.make_jaxpr(lambda x: tp.radial_conv(x, y, h, k, g, backend="xla"))(x))
     assert "scan" in jaxpr and "length=3" in jaxpr
     assert_close(tp.radial_conv(x, y, h, k, g, backend="xla"), want, 1e-12)

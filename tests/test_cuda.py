@@ -375,8 +375,8 @@ def small_code_budget(monkeypatch):
     monkeypatch.setattr(ops, "generated", {})
 
     def clear():
-        jequi.tensor_product._tp_op.cache_clear()
-        jequi.tensor_product._conv_op.cache_clear()
+        jequi.products._tp_op.cache_clear()
+        jequi.products._conv_op.cache_clear()
         jax.clear_caches()
 
     clear()

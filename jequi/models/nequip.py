@@ -26,7 +26,7 @@ import numpy as np
 
 from ..atoms import edge_vectors
 from ..graph import Graph
-from ..tensor_product import TensorProduct, channelwise
+from ..products import TensorProduct, channelwise
 
 
 @dataclasses.dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ..tensor_product import TensorProduct
+from ..products import TensorProduct
 
 
 def check_tp(tp) -> TensorProduct:
