@@ -130,8 +130,8 @@ def main():
                     fused = CUDA[backend]
                     composed = dataclasses.replace(fused, second=None, conv_second=None)
                     jequi.backends.BACKENDS[backend] = composed if second == "composed" else fused
-                    jequi.products._tp_op.cache_clear()
-                    jequi.products._conv_op.cache_clear()
+                    jequi.products._tp_kernels.cache_clear()
+                    jequi.products._conv_kernels.cache_clear()
                     label += f" {second} spill={spill}"
                     ops.SPILL_BYTES = rule if spill == "rule" else dict.fromkeys(ops.DTYPES, int(spill))
                     codegen.SMEM_BUDGET = int(smem)

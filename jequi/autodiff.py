@@ -1,56 +1,50 @@
-"""Derivatives of trilinear ops from two kernels: forward and backward.
+"""Derivatives of every order, forward and reverse, of trilinear ops from a backend's kernels.
 
 A CG tensor product ``z = f(x, y, w)`` (and the fused convolution built on it) is linear in
-each of ``x``, ``y`` and ``w``. A backend therefore only has to provide
+each of ``x``, ``y`` and ``w``. Write ``T(x, y, w, gz) = <gz, f(x, y, w)>``: a form linear
+in each of its four *slots*. Every derivative of ``f`` of any order is a sum of partial
+derivatives of ``T`` in one slot with the other three filled by arrays:
 
-* ``forward(x, y, w, *aux) -> z`` and
-* ``backward(x, y, w, gz, *aux, needs) -> (gx, gy, gw)``, the vector-Jacobian product,
-  where ``needs`` (three static bools) says which of the three gradients to compute; the
-  others are returned as ``None`` and a kernel never computes them,
+* slot ``z`` (``gz`` left out): ``f(x, y, w)``, the forward;
+* slot ``x``: ``gx = dT/dx (y, w, gz)``, and likewise ``gy``, ``gw``: the backward's gradients.
 
-where ``aux`` are non-differentiable operands (graph indices). :func:`trilinear_op` wraps
-them as two ``jax.custom_vjp`` functions:
+A backend provides the kernels that evaluate such sums (:class:`Kernels`): ``forward``,
+``backward`` (the three gradients against one ``gz``, those in ``needs`` only) and ``second``
+(the fused sums of a :class:`SecondOrder`). This module turns them into one JAX primitive,
+``jequi_trilinear``, whose outputs are sums of terms (:class:`Term`) and whose rules are
+closed over such sums:
 
-* ``apply``, whose VJP calls ``backward``;
-* ``backward_op``, whose VJP is the OpenEquivariance identity (Bharadwaj et al. 2025,
-  eqs. 3.4-3.5). With cotangents ``(ggx, ggy, ggw)`` of ``(gx, gy, gw)``::
+* **JVP** (forward mode): the tangent of a term is the same term with one slot's array
+  replaced by its tangent, summed over the slots whose arrays carry a tangent (a symbolic
+  zero tangent adds no term). The tangent of ``f`` is three products, the tangent of a
+  backward four backward terms.
+* **Transpose** (reverse mode): a term is linear in its one tangent array; its transpose
+  moves that array's slot to the output and fills the old output slot with the output's
+  cotangent (``<ct, dT/dx (t, w, gz)> = <gz, f(ct, t, w)>``-style symmetries of ``T``). So
+  the transpose of the forward's JVP is the backward, and the transpose of the backward's
+  JVP is the OpenEquivariance double-backward identity (Bharadwaj et al. 2025, eqs.
+  3.4-3.5): three forward terms for ``d/dgz`` and pairs of backward terms for ``d/dx``,
+  ``d/dy``, ``d/dw``.
+* **Batching** (``vmap``): the primitive records each ``vmap`` level's batch axes and runs
+  the backend's kernels under ``jax.vmap`` (their own batching rules).
+* **Dead code** (``jit``): unused outputs are dropped with their terms, so a kernel never
+  computes a gradient the program does not read (a first backward whose ``gw`` only a
+  pruned branch used). Kernels are generated when the program is lowered, after pruning.
 
-      d/dgz = f(ggx, y, w) + f(x, ggy, w) + f(x, y, ggw)          (3 forward calls)
-      d/dx  = B(x, ggy, w, gz).gx + B(x, y, ggw, gz).gx
-      d/dy  = B(ggx, y, w, gz).gy + B(x, y, ggw, gz).gy
-      d/dw  = B(ggx, y, w, gz).gw + B(x, ggy, w, gz).gw               (3 backward calls)
+Since every rule produces the same primitive, derivatives of every order and any mix of
+forward and reverse mode (``jax.jvp``, ``jax.linearize``, ``jax.jacfwd``, ``jax.hessian``,
+``jvp`` of ``grad``) need no further kernels. When the primitive is evaluated, its terms are
+packed into as few kernel calls as the kernels allow (:func:`_pack`): all terms of one
+call share their ``gz``, and hold at most two arrays per slot (the ``(x, y, w, gz, ggx, ggy,
+ggw)`` positions of :class:`SecondOrder`). A plain forward or backward goes to ``forward`` /
+``backward``; the double backward of force training, and a forward-mode tangent (three
+products), to one fused ``second`` call.
 
-  It holds because ``<ggx, gx> = <gz, f(ggx, y, w)>`` (``gx`` is the derivative of the
-  trilinear form ``<gz, f(x, y, w)>``), and likewise for ``y`` and ``w``. The paper counts
-  seven calls; since our ``backward`` returns all three gradients at once, six suffice, and
-  fewer when a cotangent is a symbolic zero (e.g. ``ggx`` when ``x`` does not depend on the
-  positions in force training).
-
-Only the gradients that can matter are computed. Each ``fwd`` rule records which of its
-inputs are *perturbed* (carry a nonzero tangent at that level of differentiation; JAX's
-``symbolic_zeros``), and the matching ``bwd`` asks ``backward`` for those only. In force
-training, for instance, the spherical harmonics ``y`` depend on the positions but not on the
-parameters, so the loss gradient's backward calls never compute ``gy`` (on the Pallas
-backend, its cross-channel sums are the most expensive part of the backward kernel), and each
-of the three backward calls above skips the gradient its cotangent replaces. The other way
-round, a gradient that is computed but then not used (``gw`` of the first backward when a
-loss reads ``gx`` and ``gy`` only) is dropped when JAX prunes the program
-(:mod:`jequi.pruned_backward`).
-
-A backend may fuse the rule (``second`` of :func:`trilinear_op`): the identity's sums,
-described by a :class:`SecondOrder`, in one pass per kind of result. The pallas backend runs
-``d/dgz`` as one forward-like kernel over up to three triples and ``d/dx, d/dy, d/dw`` as one
-backward-like kernel over up to two pairs each, instead of up to three forward and three
-backward calls (each reading its own copies of ``x, y, w, gz``) and the XLA additions. Both
-backends' batched products run both sums in one kernel where it pays
-(``pallas_kernels.fuses_second``, ``ffi.ops.fuses_second``).
-
-Because the rule above is written with ``apply`` and ``backward_op`` themselves, its own VJP
-is again this rule: reverse-mode derivatives of every order need no further kernels (a fused
-second order is differentiated through the composed rule).
-``jit`` works because everything is traceable; ``vmap`` works because custom_vjp functions
-batch by batching their rules, whose pieces are batchable kernels. Forward-mode (``jvp``)
-is not available, as for any ``custom_vjp`` function.
+Only the gradients that can matter are computed: a slot whose array has a zero tangent
+contributes no term, and a transpose makes outputs only for the arrays that carry a
+tangent. In force training, for instance, the spherical harmonics ``y`` depend on the
+positions but not on the parameters, so the loss gradient never computes ``gy`` (on the
+Pallas backend, its cross-channel sums are the most expensive part of the backward kernel).
 """
 
 from __future__ import annotations
@@ -60,49 +54,31 @@ import functools
 from typing import Callable, NamedTuple
 
 import jax
-from jax.custom_derivatives import SymbolicZero
+import jax.numpy as jnp
+from jax.extend import core
+from jax.interpreters import ad, batching, mlir
+from jax.interpreters import partial_eval as pe
 
-from . import pruned_backward
-
-
-def _is_zero(ct) -> bool:
-    return ct is None or isinstance(ct, SymbolicZero)
-
-
-def _total(terms):
-    """Sum of a list of cotangents; None (a zero cotangent) for an empty list."""
-    return sum(terms[1:], terms[0]) if terms else None
-
-
-@jax.tree_util.register_static
-@dataclasses.dataclass(frozen=True)
-class _Perturbed:
-    """Which primal inputs of a ``fwd`` rule carry a tangent: static data in the residuals."""
-
-    flags: tuple[bool, ...]
-
-    @classmethod
-    def of(cls, *primals) -> "_Perturbed":
-        return cls(tuple(bool(p.perturbed) for p in primals))
-
-
-# Positions of the double backward's operands in the tuple it passes around
+# Positions of the double backward's operands in the tuple a backend's ``second`` takes,
 # ``(x, y, w, gz, ggx, ggy, ggw)``; the terms of :class:`SecondOrder` name them so.
 X, Y, W, GZ, GGX, GGY, GGW = range(7)
+# The slots of T(x, y, w, gz); an output of slot Z is a forward (z has gz's shape).
+Z = GZ
+SLOTS = (X, Y, W, Z)
 
 
 @jax.tree_util.register_static
 @dataclasses.dataclass(frozen=True)
 class SecondOrder:
-    """The terms of the identity above that one double backward computes, as positions in
-    ``(x, y, w, gz, ggx, ggy, ggw)``:
+    """Sums a backend's fused ``second`` kernel computes, as positions in ``(x, y, w, gz, ggx,
+    ggy, ggw)``:
 
     * ``dgz``: triples ``(x-like, y-like, w-like)``, ``d/dgz = sum of f(...)`` over them;
     * ``dx``: pairs ``(y-like, w-like)``, ``d/dx = sum of B(., y, w, gz).gx``;
     * ``dy``: pairs ``(x-like, w-like)``; ``dw``: pairs ``(x-like, y-like)``, likewise.
 
-    Only terms whose cotangent is nonzero and whose result is wanted (the input is perturbed)
-    appear. A backend with a fused second order computes each sum in one kernel pass: the
+    The double backward of the identity (:meth:`of`) has this shape, and so does a
+    forward-mode tangent (``dgz`` only). A fused kernel computes each sum in one pass: the
     ``B`` terms of all three results share their reads of ``x, y, w, gz`` (and the
     cotangents), and nothing is written but the four results."""
 
@@ -113,8 +89,8 @@ class SecondOrder:
 
     @classmethod
     def of(cls, perturbed, nonzero) -> "SecondOrder":
-        """From which of ``(x, y, w, gz)`` are perturbed and which of ``(ggx, ggy, ggw)``
-        are nonzero."""
+        """The identity's terms from which of ``(x, y, w, gz)`` are perturbed and which of
+        ``(ggx, ggy, ggw)`` are nonzero."""
         px, py, pw, pgz = perturbed
         hx, hy, hw = nonzero
 
@@ -144,106 +120,331 @@ class SecondOrder:
         return (*grads, forward_sum(self.dgz) if self.dgz else None)
 
 
-class TrilinearOp(NamedTuple):
-    """The pair of differentiable functions built by :func:`trilinear_op`."""
+@dataclasses.dataclass(frozen=True, eq=False)
+class Kernels:
+    """A backend's kernels for one descriptor (and graph structure), keyed by identity in JAX's
+    caches (build each once). ``aux`` are non-differentiable operands (graph index arrays).
 
-    apply: Callable  # (x, y, w, *aux) -> z
-    backward: Callable  # (needs, x, y, w, gz, *aux) -> (gx, gy, gw), None where not needed
+    * ``forward(x, y, w, *aux) -> z``;
+    * ``backward(x, y, w, gz, *aux, needs) -> (gx, gy, gw)``, None where ``needs`` is False;
+    * ``second(spec, arrays, *aux) -> (dx, dy, dw, dgz)``: the sums of a :class:`SecondOrder`
+      over ``arrays = (x, y, w, gz, ggx, ggy, ggw)`` (None for an array no term reads, but
+      ``x``, ``y``, ``w`` and ``gz``, which give the shapes), None for an empty sum."""
+
+    forward: Callable
+    backward: Callable
+    second: Callable
+    name: str = ""  # for printed programs: the backend and product
+
+    def __repr__(self) -> str:
+        return f"Kernels({self.name})"
 
 
-def trilinear_op(forward: Callable, backward: Callable, second: Callable | None = None) -> TrilinearOp:
-    """Wrap a backend's ``forward``/``backward`` kernels into differentiable functions.
+class Term(NamedTuple):
+    """One term of an output: for each slot ``(x, y, w, z)`` the index of the array in it.
+    The output's own slot holds a *context*: an array of that slot's shape that the kernel
+    takes but does not read (the primal whose gradient this is, as a backward kernel takes
+    ``x`` to compute ``gx``), or None."""
 
-    ``second(spec, arrays, *aux) -> (dx, dy, dw, dgz)`` (optional) is a backend's fused
-    double backward: the sums of a :class:`SecondOrder` ``spec`` over ``arrays = (x, y, w,
-    gz, ggx, ggy, ggw)`` (None for a zero cotangent), None for an empty sum. Without it the
-    double backward composes ``forward`` and ``backward`` calls; with it, the composition is
-    the fused op's derivative (third and higher orders)."""
+    x: int | None
+    y: int | None
+    w: int | None
+    z: int | None
 
-    @jax.custom_vjp
-    def apply(x, y, w, *aux):
-        return forward(x, y, w, *aux)
+    def put(self, slot: int, index: int | None) -> "Term":
+        return Term(*(index if s == slot else a for s, a in enumerate(self)))
 
-    # The fwd rules call the custom_vjp functions, not the raw kernels: a higher derivative
-    # differentiates the fwd rule itself, which must therefore never reach a bare kernel.
-    def apply_fwd(x, y, w, *aux):
-        perturbed = _Perturbed.of(x, y, w)
-        x, y, w, *aux = (a.value for a in (x, y, w, *aux))
-        return apply(x, y, w, *aux), (x, y, w, aux, perturbed)
 
-    def apply_bwd(res, gz):
-        x, y, w, aux, perturbed = res
-        if _is_zero(gz) or not any(perturbed.flags):
-            return (None,) * (3 + len(aux))
-        return (*backward_op(perturbed.flags, x, y, w, gz, *aux), *(None for _ in aux))
+@dataclasses.dataclass(frozen=True)
+class Level:
+    """One ``vmap`` level: its size, the batch axis (0 or None) of each operand (arrays, then
+    aux) and whether each output is batched (else summed over the level: the cotangent of an
+    operand the level does not batch)."""
 
-    apply.defvjp(apply_fwd, apply_bwd, symbolic_zeros=True)
+    size: int
+    in_axes: tuple
+    out_batched: tuple
 
-    @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-    def backward_op(needs, x, y, w, gz, *aux):
-        return pruned_backward.bind(backward, needs, x, y, w, gz, *aux)
 
-    def backward_fwd(needs, x, y, w, gz, *aux):
-        perturbed = _Perturbed.of(x, y, w, gz)
-        x, y, w, gz, *aux = (a.value for a in (x, y, w, gz, *aux))
-        return backward_op(needs, x, y, w, gz, *aux), (x, y, w, gz, aux, perturbed)
+trilinear_p = core.Primitive("jequi_trilinear")
+trilinear_p.multiple_results = True
 
-    def backward_bwd(needs, res, cts):
-        x, y, w, gz, aux, perturbed = res
-        spec = SecondOrder.of(perturbed.flags, [not _is_zero(ct) for ct in cts])
-        if not spec:
-            return (None,) * (4 + len(aux))
-        arrays = (x, y, w, gz, *(None if _is_zero(ct) else ct for ct in cts))
-        dx, dy, dw, dgz = (second_op if second else composed)(spec, arrays, *aux)
-        return (dx, dy, dw, dgz, *(None for _ in aux))
 
-    backward_op.defvjp(backward_fwd, backward_bwd, symbolic_zeros=True)
+# --- evaluation: terms to kernel calls ---------------------------------------------------
 
-    def composed(spec, arrays, *aux):
-        """The sums of `spec` from ``apply`` and ``backward_op`` calls: one backward call per
-        substituted cotangent, ``B(a, b, c, gz)`` giving the pairs ``(b, c)`` of ``dx``,
-        ``(a, c)`` of ``dy`` and ``(a, b)`` of ``dw``."""
-        gz = arrays[GZ]
-        dgz = _total([apply(*(arrays[i] for i in term), *aux) for term in spec.dgz])
-        sums = ([], [], [])
-        for a, b, c in ((GGX, Y, W), (X, GGY, W), (X, Y, GGW)):
-            wanted = ((b, c) in spec.dx, (a, c) in spec.dy, (a, b) in spec.dw)
-            if any(wanted):
-                grads = backward_op(wanted, arrays[a], arrays[b], arrays[c], gz, *aux)
-                for terms, grad in zip(sums, grads):
-                    if grad is not None:
-                        terms.append(grad)
-        return (*(_total(terms) for terms in sums), dgz)
 
-    @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-    def second_op(spec, arrays, *aux):
-        return tuple(second(spec, arrays, *aux))
+def _call_accepts(call: dict, k: int, slot: int, term: Term) -> bool:
+    if call["outputs"].get(slot, k) != k:
+        return False
+    if slot != Z and call["gz"] not in (None, term.z):
+        return False
+    for s in (X, Y, W):
+        if s != slot and len(call["operands"][s] | {term[s]}) > 2:
+            return False
+    return True
 
-    def second_fwd(spec, arrays, *aux):
-        perturbed = _Perturbed(tuple(a is not None and bool(a.perturbed) for a in arrays))
-        arrays, aux = tuple(None if a is None else a.value for a in arrays), tuple(a.value for a in aux)
-        return second_op(spec, arrays, *aux), (arrays, aux, perturbed)
 
-    def second_bwd(spec, res, cts):
-        """The VJP of the composed rule, over the perturbed inputs and the results with a
-        nonzero cotangent only (so its own calls still skip what is not needed)."""
-        arrays, aux, perturbed = res
-        live = [k for k, ct in enumerate(cts) if not _is_zero(ct)]
-        moving = [k for k, p in enumerate(perturbed.flags) if p]
-        if not live or not moving:
-            return ((None,) * len(arrays), *(None for _ in aux))
+def _pack(outputs) -> list[dict]:
+    """Kernel calls for the terms of `outputs` (``(slot, terms)`` each): a call takes at most
+    one output per slot, one ``gz`` for its backward terms and two arrays per slot (the
+    positions of :class:`SecondOrder`); terms go to the first call that takes them."""
+    calls: list[dict] = []
+    for k, (slot, terms) in enumerate(outputs):
+        for term in terms:
+            call = next((c for c in calls if _call_accepts(c, k, slot, term)), None)
+            if call is None:
+                call = {"outputs": {}, "gz": None, "operands": {X: set(), Y: set(), W: set()}, "terms": [], "context": {}}
+                calls.append(call)
+            call["outputs"][slot] = k
+            call["terms"].append((slot, term))
+            if slot != Z:
+                call["gz"] = term.z
+            for s in (X, Y, W):
+                if s != slot:
+                    call["operands"][s].add(term[s])
+                elif term[s] is not None:
+                    call["context"].setdefault(s, term[s])
+    return calls
 
-        def results(*values):
-            full = list(arrays)
-            for k, v in zip(moving, values):
-                full[k] = v
-            out = composed(spec, tuple(full), *aux)
-            return [out[k] for k in live]
 
-        _, vjp = jax.vjp(results, *(arrays[k] for k in moving))
-        grads = dict(zip(moving, vjp([cts[k] for k in live])))
-        return (tuple(grads.get(k) for k in range(len(arrays))), *(None for _ in aux))
+_PLAIN_PAIRS = {X: (Y, W), Y: (X, W), W: (X, Y)}
 
-    if second:
-        second_op.defvjp(second_fwd, second_bwd, symbolic_zeros=True)
-    return TrilinearOp(apply, backward_op)
+
+def _run(kernels: Kernels, call: dict, arrays, aux, shapes, dtype) -> dict:
+    """Results ``{output index: value}`` of one packed call."""
+    slot_arrays = [None] * 7
+    position = {}
+    for s in (X, Y, W):
+        indices = sorted(call["operands"][s]) or ([call["context"][s]] if s in call["context"] else [])
+        for pos, i in zip((s, s + 4), indices):
+            slot_arrays[pos], position[i] = arrays[i], pos
+        if slot_arrays[s] is None:  # the kernels take it for its shape only
+            slot_arrays[s] = jnp.zeros(shapes[s], dtype)
+    slot_arrays[GZ] = arrays[call["gz"]] if call["gz"] is not None else None
+    sums = {X: [], Y: [], W: [], Z: []}
+    for slot, term in call["terms"]:
+        sums[slot].append(tuple(position[term[s]] for s in (X, Y, W, Z) if s != slot and s != Z))
+    spec = SecondOrder(dgz=tuple(sums[Z]), dx=tuple(sums[X]), dy=tuple(sums[Y]), dw=tuple(sums[W]))
+    outputs = call["outputs"]
+    if not any(spec.pairs) and spec.dgz == ((X, Y, W),):
+        return {outputs[Z]: kernels.forward(*slot_arrays[:3], *aux)}
+    if not spec.dgz and all(p in ((), (_PLAIN_PAIRS[s],)) for s, p in zip((X, Y, W), spec.pairs)):
+        needs = tuple(bool(p) for p in spec.pairs)
+        grads = kernels.backward(*slot_arrays[:4], *aux, needs=needs)
+        return {outputs[s]: g for s, g in zip((X, Y, W), grads) if g is not None}
+    if slot_arrays[GZ] is None:  # a forward sum: gz is not read, the kernels take its shape
+        slot_arrays[GZ] = jnp.zeros(shapes[Z], dtype)
+    results = kernels.second(spec, tuple(slot_arrays), *aux)
+    return {outputs[s]: r for s, r in zip((X, Y, W, Z), results) if r is not None}
+
+
+def _evaluate(*operands, kernels, outputs, shapes, n_aux):
+    """The outputs' values: each the sum of its terms over the packed calls."""
+    arrays, aux = operands[: len(operands) - n_aux], operands[len(operands) - n_aux :]
+    dtype = arrays[0].dtype
+    values: list[list] = [[] for _ in outputs]
+    for call in _pack(outputs):
+        for k, v in _run(kernels, call, arrays, aux, shapes, dtype).items():
+            values[k].append(v)
+    return [functools.reduce(jnp.add, v) for v in values]
+
+
+def _impl(*operands, kernels, outputs, roles, primal_of, shapes, n_aux, levels):
+    f = functools.partial(_evaluate, kernels=kernels, outputs=outputs, shapes=shapes, n_aux=n_aux)
+    for level in reversed(levels):  # the innermost level is applied first
+        f = _vmapped(f, level)
+    return f(*operands)
+
+
+def _vmapped(f, level: Level):
+    def batched(*operands):
+        outs = jax.vmap(f, in_axes=level.in_axes, out_axes=0, axis_size=level.size)(*operands)
+        return [o if b else o.sum(axis=0) for o, b in zip(outs, level.out_batched)]
+
+    return batched
+
+
+def _abstract_eval(*avals, kernels, outputs, roles, primal_of, shapes, n_aux, levels):
+    """Each output has its slot's shape (with the batch axes of the levels that batch it),
+    the arrays' dtype, and the type (sharding, varying axes) of an array of its slot, so no
+    backend code runs here."""
+    del kernels, primal_of
+    arrays = avals[: len(avals) - n_aux]
+    dtype = arrays[0].dtype
+    result = []
+    for k, (slot, _) in enumerate(outputs):
+        batch = tuple(level.size for level in levels if level.out_batched[k])
+        template = next((a for a, r in zip(arrays, roles) if r == slot), arrays[0])
+        result.append(template.update(shape=batch + tuple(shapes[slot]), dtype=dtype, weak_type=False))
+    return result
+
+
+# --- the primitive's rules ----------------------------------------------------------------
+
+
+def _bind(arrays, aux, *, kernels, outputs, roles, primal_of, shapes, levels):
+    return trilinear_p.bind(
+        *arrays, *aux, kernels=kernels, outputs=tuple(outputs), roles=tuple(roles), primal_of=tuple(primal_of),
+        shapes=shapes, n_aux=len(aux), levels=tuple(levels),
+    )  # fmt: skip
+
+
+def _jvp(primals, tangents, *, kernels, outputs, roles, primal_of, shapes, n_aux, levels):
+    """Each term's tangent: the term with one slot's array replaced by its tangent, for every
+    slot whose array has a nonzero tangent."""
+    params = dict(kernels=kernels, outputs=outputs, roles=roles, primal_of=primal_of, shapes=shapes, n_aux=n_aux, levels=levels)
+    primal_out = trilinear_p.bind(*primals, **params)
+    n = len(primals) - n_aux
+    arrays, aux = list(primals[:n]), primals[n:]
+    roles, primal_of = list(roles), list(primal_of)
+    tangent_index = {}
+    for i, t in enumerate(tangents[:n]):
+        if type(t) is not ad.Zero:
+            tangent_index[i] = len(arrays)
+            arrays.append(t)
+            roles.append(roles[i])
+            primal_of.append(i)
+    new_outputs, kept = [], []
+    for k, (slot, terms) in enumerate(outputs):
+        new_terms = tuple(
+            term.put(s, tangent_index[term[s]]) for term in terms for s in SLOTS if s != slot and term[s] in tangent_index
+        )
+        if new_terms:
+            new_outputs.append((slot, new_terms))
+            kept.append(k)
+    if not new_outputs:
+        return primal_out, [ad.Zero(o.aval.to_tangent_aval()) for o in primal_out]
+    new_levels = [
+        dataclasses.replace(
+            lv,
+            in_axes=lv.in_axes[:n] + tuple(lv.in_axes[i] for i in tangent_index) + lv.in_axes[n:],
+            out_batched=tuple(lv.out_batched[k] for k in kept),
+        )
+        for lv in levels
+    ]
+    tangent_out = _bind(arrays, aux, kernels=kernels, outputs=new_outputs, roles=roles, primal_of=primal_of, shapes=shapes, levels=new_levels)
+    out = [ad.Zero(o.aval.to_tangent_aval()) for o in primal_out]
+    for k, t in zip(kept, tangent_out):
+        out[k] = t
+    return primal_out, out
+
+
+def _transpose(cts, *operands, kernels, outputs, roles, primal_of, shapes, n_aux, levels):
+    """The cotangent of each linear array: the terms that hold it, with its slot made the
+    output (its primal as the context) and the old output slot filled with that output's
+    cotangent."""
+    n = len(operands) - n_aux
+    aux = operands[n:]
+    linear = [i for i in range(n) if ad.is_undefined_primal(operands[i])]
+    known = [i for i in range(n) if i not in linear]
+    index = {i: j for j, i in enumerate(known)}
+    arrays = [operands[i] for i in known]
+    new_roles = [roles[i] for i in known]
+    new_primal_of = [index.get(primal_of[i], -1) for i in known]
+    ct_index = {}
+    for k, ct in enumerate(cts):
+        if type(ct) is not ad.Zero:
+            ct_index[k] = len(arrays)
+            arrays.append(ct)
+            new_roles.append(outputs[k][0])
+            new_primal_of.append(-1)
+    new_outputs, targets = [], []
+    for i in linear:
+        slot = roles[i]
+        context = index.get(primal_of[i])
+        terms = []
+        for k, (out_slot, out_terms) in enumerate(outputs):
+            if k in ct_index:
+                for term in out_terms:
+                    if term[slot] == i:
+                        terms.append(Term(*(
+                            ct_index[k] if s == out_slot else context if s == slot else index[term[s]] for s in SLOTS
+                        )))  # fmt: skip
+        if terms:
+            new_outputs.append((slot, tuple(terms)))
+            targets.append(i)
+    result = [None] * len(operands)
+    if not new_outputs:
+        return result
+    new_levels = []
+    for lv in levels:
+        ct_axes = tuple(0 if lv.out_batched[k] else None for k in ct_index)
+        new_levels.append(Level(
+            lv.size,
+            tuple(lv.in_axes[i] for i in known) + ct_axes + lv.in_axes[n:],
+            tuple(lv.in_axes[i] is not None for i in targets),
+        ))  # fmt: skip
+    values = _bind(arrays, aux, kernels=kernels, outputs=new_outputs, roles=new_roles, primal_of=new_primal_of, shapes=shapes, levels=new_levels)
+    for i, v in zip(targets, values):
+        result[i] = v
+    return result
+
+
+def _batch(operands, dims, *, kernels, outputs, roles, primal_of, shapes, n_aux, levels):
+    """A new outermost level: batch axes moved to the front, every output batched."""
+    size = next(a.shape[d] for a, d in zip(operands, dims) if d is not None)
+    moved = [a if d is None else jnp.moveaxis(a, d, 0) for a, d in zip(operands, dims)]
+    level = Level(size, tuple(None if d is None else 0 for d in dims), (True,) * len(outputs))
+    outs = trilinear_p.bind(
+        *moved, kernels=kernels, outputs=outputs, roles=roles, primal_of=primal_of, shapes=shapes, n_aux=n_aux,
+        levels=(level, *levels),
+    )  # fmt: skip
+    return outs, [0] * len(outs)
+
+
+def _dce(used_outputs, *rest):
+    """Keep the used outputs (and the arrays their terms read, with their primals). The rule's
+    arguments are ``(used_outputs, eqn)`` in jax 0.11 and ``(used_outputs, live_ins, eqn)``
+    from 0.12 on: ``eqn`` is the last."""
+    eqn = rest[-1]
+    if not any(used_outputs):
+        return [False] * len(eqn.invars), None
+    if all(used_outputs):
+        return [True] * len(eqn.invars), eqn
+    p = eqn.params
+    n = len(eqn.invars) - p["n_aux"]
+    kept = [k for k, used in enumerate(used_outputs) if used]
+    outputs = [p["outputs"][k] for k in kept]
+    live = {a for _, terms in outputs for term in terms for a in term if a is not None}
+    live |= {p["primal_of"][i] for i in live if p["primal_of"][i] >= 0}
+    arrays = sorted(live)
+    index = {i: j for j, i in enumerate(arrays)}
+    outputs = tuple(
+        (slot, tuple(Term(*(None if a is None else index[a] for a in term)) for term in terms)) for slot, terms in outputs
+    )
+    levels = tuple(
+        Level(lv.size, tuple(lv.in_axes[i] for i in arrays) + lv.in_axes[n:], tuple(lv.out_batched[k] for k in kept))
+        for lv in p["levels"]
+    )
+    params = {
+        **p,
+        "outputs": outputs,
+        "roles": tuple(p["roles"][i] for i in arrays),
+        "primal_of": tuple(index.get(p["primal_of"][i], -1) for i in arrays),
+        "levels": levels,
+    }
+    used_inputs = [i in index for i in range(n)] + [True] * p["n_aux"]
+    invars = [v for v, used in zip(eqn.invars, used_inputs) if used]
+    outvars = [v for v, used in zip(eqn.outvars, used_outputs) if used]
+    return used_inputs, eqn.replace(params=params, invars=invars, outvars=outvars)
+
+
+trilinear_p.def_impl(_impl)
+trilinear_p.def_abstract_eval(_abstract_eval)
+mlir.register_lowering(trilinear_p, mlir.lower_fun(_impl, multiple_results=True))
+ad.primitive_jvps[trilinear_p] = _jvp
+ad.primitive_transposes[trilinear_p] = _transpose
+batching.primitive_batchers[trilinear_p] = _batch
+pe.dce_rules[trilinear_p] = _dce
+
+
+def apply(kernels: Kernels, x, y, w, *aux, z_shape: tuple):
+    """``z = f(x, y, w)`` (``z`` of shape `z_shape`) through ``jequi_trilinear``: differentiable
+    in ``x``, ``y`` and ``w`` to any order in both modes, batchable, with the kernels of
+    `kernels` (``aux``: their non-differentiable operands)."""
+    shapes = (tuple(x.shape), tuple(y.shape), tuple(w.shape), tuple(z_shape))
+    (z,) = _bind(
+        (x, y, w), aux, kernels=kernels, outputs=((Z, (Term(0, 1, 2, None),)),), roles=(X, Y, W), primal_of=(-1, -1, -1),
+        shapes=shapes, levels=(),
+    )  # fmt: skip
+    return z

@@ -13,36 +13,33 @@ import numpy as np
 
 from . import backends
 from . import graph as graph_lib
-from .autodiff import TrilinearOp, trilinear_op
+from . import autodiff
 from .descriptor import TensorProductDescriptor
 from .irreps import Irreps, as_irreps
 
 
 @functools.lru_cache(maxsize=512)
-def _tp_op(desc: TensorProductDescriptor, backend: str) -> TrilinearOp:
+def _tp_kernels(desc: TensorProductDescriptor, backend: str) -> autodiff.Kernels:
     b = backends.BACKENDS[backend]
-    return trilinear_op(
-        functools.partial(b.forward, desc),
-        functools.partial(b.backward, desc),
-        functools.partial(b.second, desc) if b.second else None,
+    return autodiff.Kernels(
+        functools.partial(b.forward, desc), functools.partial(b.backward, desc), functools.partial(b.second, desc),
+        name=f"{backend}: {desc}",
     )
 
 
 @functools.lru_cache(maxsize=512)
-def _conv_op(desc: TensorProductDescriptor, backend: str, static: tuple, kahan: bool) -> TrilinearOp:
+def _conv_kernels(desc: TensorProductDescriptor, backend: str, static: tuple, kahan: bool) -> autodiff.Kernels:
     b = backends.BACKENDS[backend]
     options = {"kahan": True} if kahan else {}
 
     def unpack(arrays):
         return graph_lib.Graph.from_index_arrays(arrays, static)
 
-    second = None
-    if b.conv_second:
-        second = lambda spec, arrays, *g: b.conv_second(desc, spec, arrays, unpack(g), **options)  # noqa: E731
-    return trilinear_op(
+    return autodiff.Kernels(
         lambda x, y, w, *g: b.conv_forward(desc, x, y, w, unpack(g), **options),
         lambda x, y, w, gout, *g, needs: b.conv_backward(desc, x, y, w, gout, unpack(g), needs=needs, **options),
-        second,
+        lambda spec, arrays, *g: b.conv_second(desc, spec, arrays, unpack(g), **options),
+        name=f"{backend} conv{' kahan' if kahan else ''}: {desc}",
     )
 
 
@@ -193,7 +190,8 @@ class TensorProduct:
             yf = jnp.broadcast_to(y, (*batch, d2)).reshape(n, d2)
             wf = w if shared else jnp.broadcast_to(w, (*batch, w.shape[-1])).reshape(n, -1)
             wf = self._kernel_weights(wf)
-            z = _tp_op(self.descriptor.trilinear, b.name).apply(xf, yf, wf).reshape(*batch, dout)
+            z = autodiff.apply(_tp_kernels(self.descriptor.trilinear, b.name), xf, yf, wf, z_shape=(n, dout))
+            z = z.reshape(*batch, dout)
         return e3nn.IrrepsArray(self.irreps_out, z) if wrap else z
 
     def conv(self, x, y, w, graph, receivers=None, num_nodes=None, *, backend: str | None = None, kahan: bool = False):
@@ -245,8 +243,8 @@ class TensorProduct:
         if num_edges == 0 or x.shape[0] == 0 or graph.num_nodes == 0 or dout == 0:
             out = jnp.zeros((graph.num_nodes, dout), x.dtype)
         else:
-            op = _conv_op(self.descriptor.trilinear, b.name, graph.static, bool(kahan))
-            out = op.apply(x, y, self._kernel_weights(w), *graph.index_arrays)
+            kernels = _conv_kernels(self.descriptor.trilinear, b.name, graph.static, bool(kahan))
+            out = autodiff.apply(kernels, x, y, self._kernel_weights(w), *graph.index_arrays, z_shape=(graph.num_nodes, dout))
         return e3nn.IrrepsArray(self.irreps_out, out) if wrap else out
 
     def radial_conv(self, x, y, hidden, kernel, graph, *, edge_chunks: int | None = None, backend: str | None = None, kahan: bool = False):

@@ -375,8 +375,8 @@ def small_code_budget(monkeypatch):
     monkeypatch.setattr(ops, "generated", {})
 
     def clear():
-        jequi.products._tp_op.cache_clear()
-        jequi.products._conv_op.cache_clear()
+        jequi.products._tp_kernels.cache_clear()
+        jequi.products._conv_kernels.cache_clear()
         jax.clear_caches()
 
     clear()

@@ -166,7 +166,7 @@ def test_backward_calls_compute_only_needed_gradients(backend, monkeypatch):
 
     replaced = dataclasses.replace(b, backward=recording, second=recording_second if b.second else None)
     monkeypatch.setitem(backends.BACKENDS, backend, replaced)
-    jequi.products._tp_op.cache_clear()
+    jequi.products._tp_kernels.cache_clear()
     rng = np.random.default_rng(11)
     d1, d2, _ = tp.descriptor.dims
     px, pw = rng.normal(size=(3, d1)), rng.normal(size=(3, tp.weight_numel))
@@ -182,7 +182,7 @@ def test_backward_calls_compute_only_needed_gradients(backend, monkeypatch):
     try:
         ours = jax.grad(loss(functools.partial(tp, backend=backend)), argnums=(0, 1))(px, pw)
     finally:
-        jequi.products._tp_op.cache_clear()
+        jequi.products._tp_kernels.cache_clear()
     expected = jax.grad(loss(functools.partial(xla.forward, tp.descriptor)), argnums=(0, 1))(px, pw)
     for a, e in zip(ours, expected):
         assert_close(a, e, 1e-10)
@@ -199,7 +199,7 @@ def test_backward_calls_compute_only_needed_gradients(backend, monkeypatch):
 @pytest.mark.parametrize("backend", [*(b for b in BACKENDS if b != "pallas"), pytest.param("pallas", marks=ON_CUDA)])
 def test_unused_gradients_are_not_computed(backend, monkeypatch):
     """A loss of the backward's ``gx`` and ``gy`` only (the benchmark's double backward):
-    the first backward's ``gw`` is pruned from the program (jequi.pruned_backward), so the
+    the first backward's ``gw`` is pruned from the program (jequi.autodiff's dead-code rule), so the
     lowered kernel is asked for ``gx`` and ``gy`` only, also under ``vmap``; the result
     still equals autodiff of the reference."""
     tp = PROBLEMS["channelwise"]()
@@ -211,7 +211,7 @@ def test_unused_gradients_are_not_computed(backend, monkeypatch):
         return b.backward(desc, *args, needs=needs)
 
     monkeypatch.setitem(backends.BACKENDS, backend, dataclasses.replace(b, backward=recording))
-    jequi.products._tp_op.cache_clear()
+    jequi.products._tp_kernels.cache_clear()
     x, y, w = random_inputs(tp, 4)
     g = np.random.default_rng(5).normal(size=(4, tp.irreps_out.dim))
 
@@ -233,7 +233,7 @@ def test_unused_gradients_are_not_computed(backend, monkeypatch):
             for a, e in zip(compiled(*args), expected):
                 assert_close(a, e, 1e-10)
     finally:
-        jequi.products._tp_op.cache_clear()
+        jequi.products._tp_kernels.cache_clear()
 
 
 def test_pruned_backward_keeps_types_under_shard_map_and_nested_vmap():

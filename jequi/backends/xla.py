@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..autodiff import SecondOrder
 from ..descriptor import Path, Segment, TensorProductDescriptor
 
 _HIGHEST = jax.lax.Precision.HIGHEST
@@ -175,30 +176,56 @@ def backward(desc: TensorProductDescriptor, x, y, w, gz, needs=(True, True, True
     return _vjp(functools.partial(forward, desc), (x, y, w), gz, needs)
 
 
-def _second(bwd, spec, arrays):
-    """``(dx, dy, dw, dgz)``: the VJP of ``bwd(x, y, w, gz, needs) -> (gx, gy, gw)`` with the
-    nonzero cotangents of ``arrays = (x, y, w, gz, ggx, ggy, ggw)``, in the inputs `spec` (a
-    :class:`jequi.autodiff.SecondOrder`) wants; None for the others."""
+def _second(fwd, bwd, spec, arrays):
+    """``(dx, dy, dw, dgz)``: the sums of `spec` (a :class:`jequi.autodiff.SecondOrder`) over
+    ``arrays = (x, y, w, gz, ggx, ggy, ggw)``; None where a sum is empty.
+
+    Where `spec` is the double backward's identity for its arrays (every term of the nonzero
+    cotangents ``ggx, ggy, ggw`` in each wanted result), the VJP of ``bwd(x, y, w, gz, needs)
+    -> (gx, gy, gw)`` against them; else (forward mode's and higher orders' partial sums) each
+    term by a ``fwd`` or ``bwd`` call."""
     x, y, w, gz, *cts = arrays
     nonzero = tuple(ct is not None for ct in cts)
-
-    def grads(x, y, w, gz):
-        return [g for g in bwd(x, y, w, gz, needs=nonzero) if g is not None]
-
     wanted = (bool(spec.dx), bool(spec.dy), bool(spec.dw), bool(spec.dgz))
-    return _vjp(grads, (x, y, w, gz), [ct for ct in cts if ct is not None], wanted)
+    if spec == SecondOrder.of(wanted, nonzero):
+
+        def grads(x, y, w, gz):
+            return [g for g in bwd(x, y, w, gz, needs=nonzero) if g is not None]
+
+        return _vjp(grads, (x, y, w, gz), [ct for ct in cts if ct is not None], wanted)
+
+    def total(values):
+        return functools.reduce(jnp.add, values) if values else None
+
+    def gradient(slot, pairs):
+        needs = tuple(s == slot for s in range(3))
+        values = []
+        for pair in pairs:
+            operands = [arrays[0], arrays[1], arrays[2]]
+            for s, pos in zip([s for s in range(3) if s != slot], pair):
+                operands[s] = arrays[pos]
+            values.append(bwd(*operands, gz, needs=needs)[slot])
+        return total(values)
+
+    dgz = total([fwd(*(arrays[p] for p in triple)) for triple in spec.dgz])
+    return (*(gradient(slot, pairs) for slot, pairs in enumerate(spec.pairs)), dgz)
 
 
 def second(desc: TensorProductDescriptor, spec, arrays):
     """The double backward by autodiff of :func:`backward`, instead of the identity's forward
     and backward calls (:mod:`jequi.autodiff`), which recompute the ``T`` tables and the
     conv's gathers per call: faster on CPU, or equal (docs/tuning.md#xla-second)."""
-    return _second(functools.partial(backward, desc), spec, arrays)
+    return _second(functools.partial(forward, desc), functools.partial(backward, desc), spec, arrays)
 
 
 def conv_second(desc: TensorProductDescriptor, spec, arrays, graph):
     """:func:`second` of the conv: autodiff of :func:`conv_backward`."""
-    return _second(lambda x, y, w, gz, needs: conv_backward(desc, x, y, w, gz, graph, needs), spec, arrays)
+    return _second(
+        lambda x, y, w: conv_forward(desc, x, y, w, graph),
+        lambda x, y, w, gz, needs: conv_backward(desc, x, y, w, gz, graph, needs),
+        spec,
+        arrays,
+    )
 
 
 def conv_forward(desc: TensorProductDescriptor, x, y, w, graph):
