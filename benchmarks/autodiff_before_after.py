@@ -16,7 +16,8 @@ Cells (``jax.jit``; median of 5 runs of a few calls, the two versions alternatin
   (``gpu_benchmark.tp_passes``), and for the new version ``jvp`` (along all three inputs)
   and ``hvp`` (``jvp`` of ``bwd``);
 * the NequIP model steps of ``model_step.py``: OAM-L width training on a 4,000-atom batch
-  (30 % padding) and md at 4,000 atoms, MACE width training, on the default backends.
+  (30 % padding) and md at 4,000 atoms, MACE width training, on ``--model-backend``
+  (``cuda``, as the model table).
 
 Writes ``<date>-<device>-autodiff-before-after.{json,md}`` into ``--out`` (and $OUT).
 """
@@ -114,12 +115,12 @@ def kernel_cells(cells, packages, backends, rows: int, nodes: int, edges: int):
                 pair(cells, f"{kind} {backend} {name}", {"after": make(op("after"))}, args)
 
 
-def model_cells(cells, modules):
+def model_cells(cells, modules, backend: str | None):
     for model, workloads in (("nequip-oam-l", ("train", "md")), ("mace-width", ("train",))):
         for workload in workloads:
             fns, args = {}, None
             for version, ms in modules.items():
-                config = ms.MODELS[model]
+                config = dataclasses.replace(ms.MODELS[model], backend=backend)
                 params = ms.init(config)
                 if workload == "train":
                     structures = ms.data.emt_dataset(4000 // 20 + 8, seed=1)
@@ -161,6 +162,7 @@ def main():
     ap.add_argument("--nodes", type=int, default=4_000)
     ap.add_argument("--edges", type=int, default=100_000)
     ap.add_argument("--no-models", action="store_true")
+    ap.add_argument("--model-backend", default="cuda", help="the models' conv backend ('default': jequi's choice)")
     ap.add_argument("--no-kernels", action="store_true")
     ap.add_argument("--out", default=str(HERE / "results"))
     a = ap.parse_args()
@@ -176,7 +178,9 @@ def main():
         kernel_cells(result["cells"], {"before": jequi_before, "after": jequi}, a.backends.split(","), a.rows, a.nodes, a.edges)
         save(result, "autodiff-before-after", markdown(result), a.out)
     if not a.no_models:
-        model_cells(result["cells"], {"before": model_step_module("jequi_before"), "after": model_step_module("jequi")})
+        backend = None if a.model_backend == "default" else a.model_backend
+        modules = {"before": model_step_module("jequi_before"), "after": model_step_module("jequi")}
+        model_cells(result["cells"], modules, backend)
     print(save(result, "autodiff-before-after", markdown(result), a.out))
 
 
