@@ -20,7 +20,6 @@ import platform
 import statistics
 import time
 
-import numpy as np
 
 
 def cu_supercell(atoms_wanted: int):
