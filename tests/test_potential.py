@@ -97,7 +97,7 @@ def test_energy_invariant_forces_and_stress_equivariant_under_rotation():
 def test_calculator_equals_predict_on_a_batch():
     structures = data.emt_dataset(3, seed=6)
     b = data.batch(structures, CONFIG, n_node=120, n_edge=6000)
-    energies, forces = predict(params(), CONFIG, b)
+    energies, forces = jax.jit(predict, static_argnums=1)(params(), CONFIG, b)
     offset = 0
     for k, s in enumerate(structures):
         e, f, _ = evaluate(s.to_atoms())

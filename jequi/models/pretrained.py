@@ -69,7 +69,8 @@ def card(config: NequIPConfig, info: dict) -> str:
         f"5 %, energy loss weight {t['energy_weight']}) in {t['seconds']:.0f} s ({t['step_ms']:.2f} ms a step) "
         f"on {t['device']}, jax {t['jax']}, jequi backend `{t['backend']}`, {t['date']}.", "",
         "## Rebuild", "",
-        f"`{info['command']}`", "",
+        "On one GPU: `bash benchmarks/train_shipped_model.sh` (from the repository root; it writes these three files "
+        f"into `$OUT`), which ran `{info['command']}`.", "",
     ])
 
 

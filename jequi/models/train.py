@@ -139,7 +139,7 @@ def train(
         params = {"params": {**params["params"], "species_shift": shift}}
     optimizer = optax.inject_hyperparams(optax.adam)(learning_rate=learning_rate)
     opt_state = optimizer.init(params)
-    lr_dtype = opt_state.hyperparams["learning_rate"].dtype
+    lr_dtype = opt_state.hyperparams["learning_rate"].dtype  # set every step as a (non-weak) array: one compilation
 
     @jax.jit
     def step(params, opt_state, b):
