@@ -112,6 +112,7 @@ def main(argv=None):
     ap.add_argument("--device-steps", type=int, default=200, help="on-device steps timed (after as many to compile)")
     ap.add_argument("--rebuild-every", type=int, default=10)
     ap.add_argument("--smoke", action="store_true", help="a tiny random model on 108 atoms (a CPU check)")
+    ap.add_argument("--kind", default="md", help="the results' name after <date>-<device>- (a second run's own name)")
     ap.add_argument("--out", default=str(pathlib.Path(__file__).parent / "results"))
     a = ap.parse_args(argv)
     if a.smoke:
@@ -128,7 +129,7 @@ def main(argv=None):
         "model": label, "cells": [],
     }  # fmt: skip
     print(json.dumps({k: v for k, v in result.items() if k != "cells"}), flush=True)
-    kind = "md-smoke" if a.smoke else "md"
+    kind = f"{a.kind}-smoke" if a.smoke else a.kind
     for size in sizes:
         atoms = cu_supercell(size)
         thermalize(atoms, 300.0, seed=0)
