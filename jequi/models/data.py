@@ -129,12 +129,11 @@ def structure_edges(structures: list[Structure], cutoff: float) -> list[tuple]:
     vesin's neighbour list (:func:`jequi.models.calculator.neighbour_edges`, ~50x faster on
     small cells), or ase's (:func:`jequi.atoms.radius_edges`, the same edges) where vesin is
     not installed (a GPU image without it)."""
-    try:
-        import vesin  # noqa: F401
+    import importlib.util
 
-        from .calculator import neighbour_edges as edges
-    except ImportError:
-        edges = radius_edges
+    from .calculator import neighbour_edges
+
+    edges = neighbour_edges if importlib.util.find_spec("vesin") else radius_edges
     return [edges(s.to_atoms(), cutoff) for s in structures]
 
 
