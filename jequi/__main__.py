@@ -4,8 +4,11 @@ Loads the small model shipped with jequi (trained on EMT-labelled metal structur
 :mod:`jequi.models.pretrained`), builds the periodic radius graph of a structure (default:
 a thermally rattled Cu3Au L1_2 alloy, 32 atoms; or ``--structure FILE``, any ase-readable
 file) and prints its energy and forces, the backend used, timings, and, where ase's EMT
-calculator knows the elements, the reference energy and forces. ``--train`` first trains a
-fresh model for a short while (progress bar) and reports its validation errors.
+calculator knows the elements, the reference energy and forces. Then it runs a short
+molecular dynamics (``--md STEPS``, default 100; 0: none): velocity Verlet at constant energy
+from 300 K through ase with :class:`jequi.models.JequiCalculator`, printing steps per second
+and the energy drift. ``--train`` first trains a fresh model for a short while (progress bar)
+and reports its validation errors.
 """
 
 from __future__ import annotations
@@ -14,11 +17,10 @@ import argparse
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 import jequi
-from jequi.models import NequIP, NequIPConfig, data, energy_and_forces, pretrained
+from jequi.models import JequiCalculator, NequIPConfig, ase_nve, data, pretrained
 
 
 def default_structure():
@@ -61,12 +63,16 @@ def main(argv=None):
     ap.add_argument("--train", action="store_true", help="train a fresh model briefly first, and use it")
     ap.add_argument("--steps", type=int, default=150, help="--train: optimisation steps")
     ap.add_argument("--backend", default=None, help="jequi backend (default: the fastest available)")
+    ap.add_argument("--md", type=int, default=100, metavar="STEPS", help="molecular-dynamics steps after the single point (0: none)")
+    ap.add_argument("--md-timestep", type=float, default=1.0, metavar="FS", help="MD time step, fs")
+    ap.add_argument("--temperature", type=float, default=300.0, help="MD starting temperature, K")
     a = ap.parse_args(argv)
 
     params, config, info = pretrained.load()
     if a.train:
         from jequi.models.train import train
 
+        config = NequIPConfig()  # a small model: a brief training on a CPU, not the shipped width
         train_set, val_set = data.emt_dataset(96, seed=11), data.emt_dataset(16, seed=12)
         print(f"training a fresh model on {len(train_set)} EMT structures ({a.steps} steps)")
         params, history = train(config, train_set, val_set, steps=a.steps, eval_every=max(1, a.steps // 3), energy_weight=30.0)
@@ -82,23 +88,25 @@ def main(argv=None):
 
     backend = a.backend or jequi.default_backend()
     config = NequIPConfig(**{**config.__dict__, "backend": backend})
-    graph = jequi.graph_from_atoms(atoms, config.cutoff)
-    species = config.species_index(atoms.numbers)
-    cell = jnp.asarray(atoms.cell.array, jnp.float32)
-    positions = jnp.asarray(atoms.positions, jnp.float32)
-    model = NequIP(config)
+    calc = JequiCalculator((params, config))  # the single point and the MD share its compilation
+    inputs = calc.padded_inputs(atoms)
 
-    @jax.jit
-    def energy_forces(positions):
-        return energy_and_forces(lambda p: model.apply(params, species, p, graph, cell).sum(), positions)
+    def energy_forces(*inputs):
+        total, _, forces, _ = calc.compiled(calc.params, *inputs)
+        return total, forces[: len(atoms)]
 
-    (energy, forces), first_s, call_s = timed(energy_forces, positions)
+    (energy, forces), first_s, call_s = timed(energy_forces, *inputs)
     forces = np.asarray(forces)
     print(f"structure: {source}: {atoms.get_chemical_formula()}, {len(atoms)} atoms, pbc={atoms.pbc.tolist()}")
     print(f"model: NequIP-style, {config.num_layers} layers, hidden {config.hidden}, cutoff {config.cutoff} A, "
-          f"{sum(x.size for x in jax.tree.leaves(params))} parameters; validation force MAE "
-          f"{1e3 * info['val_force_mae_eV_per_A']:.0f} meV/A")
-    print(f"graph: {graph.num_edges} edges; JAX platform {jax.default_backend()}, jequi backend {backend!r}")
+          f"{sum(x.size for x in jax.tree.leaves(params))} parameters; held-out errors "
+          f"{1e3 * info['val_energy_mae_eV_per_atom']:.1f} meV/atom, {1e3 * info['val_force_mae_eV_per_A']:.0f} meV/A"
+          + (f" (larger cells: {1e3 * info['large_energy_mae_eV_per_atom']:.1f} meV/atom, "
+             f"{1e3 * info['large_force_mae_eV_per_A']:.0f} meV/A)" if "large_force_mae_eV_per_A" in info else ""))
+    if not a.train and (pretrained.WEIGHTS / f"{pretrained.NAME}.md").exists():
+        print(f"model card: {pretrained.WEIGHTS / f'{pretrained.NAME}.md'}")
+    num_edges = int((np.asarray(inputs[4]) >= 0).sum())
+    print(f"graph: {num_edges} edges (padded to {inputs[4].shape[0]}); JAX platform {jax.default_backend()}, jequi backend {backend!r}")
     print(f"\nenergy: {float(energy):.4f} eV ({float(energy) / len(atoms):.4f} eV/atom)")
     print("forces (eV/A), first atoms:")
     for i in range(min(5, len(atoms))):
@@ -108,7 +116,13 @@ def main(argv=None):
     if ref is not None:
         print(f"EMT reference: energy {ref[0]:.4f} eV; force MAE of the model vs EMT {1e3 * np.abs(forces - ref[1]).mean():.0f} meV/A "
               f"(EMT forces mean |F_i| {1e3 * np.abs(ref[1]).mean():.0f} meV/A)")
-    print(f"\ntiming: first call (compile) {first_s:.2f} s; energy + forces {1e3 * call_s:.2f} ms per call")
+    print(f"\ntiming: first call (compile) {first_s:.2f} s; energy + forces + stress {1e3 * call_s:.2f} ms per call")
+    if a.md > 0:
+        md = ase_nve(atoms, calc, a.md, timestep_fs=a.md_timestep, temperature_K=a.temperature)
+        print(f"\nMD: {a.md} steps of velocity Verlet (NVE, {a.md_timestep} fs, from {a.temperature:.0f} K) through ase and "
+              f"JequiCalculator (vesin neighbour list, sizes padded to buckets: {calc.compilations} compilation(s))")
+        print(f"MD: {md['steps_per_s']:.1f} steps/s; energy drift {md['drift_meV_per_atom']:+.3f} meV/atom "
+              f"(largest deviation {md['max_deviation_meV_per_atom']:.3f} meV/atom; final T {md['atoms'].get_temperature():.0f} K)")
 
 
 if __name__ == "__main__":

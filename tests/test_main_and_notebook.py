@@ -11,11 +11,13 @@ import jequi.__main__ as main_job
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-def test_main_job_prints_energy_forces_and_timing(capsys):
-    main_job.main([])
+def test_main_job_prints_energy_forces_timing_and_md(capsys):
+    main_job.main(["--md", "8"])
     out = capsys.readouterr().out
-    for text in ("energy:", "forces (eV/A)", "EMT reference", "timing:", "jequi backend"):
+    for text in ("energy:", "forces (eV/A)", "EMT reference", "timing:", "jequi backend", "MD: 8 steps", "steps/s", "energy drift"):
         assert text in out, out
+    drift = float(out.split("energy drift ")[1].split()[0])
+    assert abs(drift) < 1.0, out  # meV/atom over 8 fs: a force inconsistent with the energy would show
 
 
 def test_main_job_trains_and_reads_structure_files(tmp_path, capsys):
@@ -25,9 +27,9 @@ def test_main_job_trains_and_reads_structure_files(tmp_path, capsys):
     from ase.cluster import Icosahedron
 
     ase.io.write(path, Icosahedron("Pt", 2))
-    main_job.main(["--train", "--steps", "4", "--structure", str(path)])
+    main_job.main(["--train", "--steps", "4", "--structure", str(path), "--md", "3"])
     out = capsys.readouterr().out
-    assert "trained in" in out and "Pt13" in out
+    assert "trained in" in out and "Pt13" in out and "MD: 3 steps" in out
 
 
 def test_unknown_elements_are_reported(tmp_path):

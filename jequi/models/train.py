@@ -99,6 +99,13 @@ def evaluate(params, config, batches) -> dict:
     return {"energy_mae": e / graphs, "force_mae": f / atoms}
 
 
+def cosine_learning_rate(step: int, total: int, learning_rate: float, alpha: float = 0.05) -> float:
+    """``optax.cosine_decay_schedule(learning_rate, total, alpha)`` at `step`, on the host (the
+    schedule of :func:`train`, whose total may be fixed only after timing the first steps)."""
+    t = min(step, total) / max(total, 1)
+    return learning_rate * ((1 - alpha) * 0.5 * (1 + np.cos(np.pi * t)) + alpha)
+
+
 def train(
     config: NequIPConfig,
     train_set: list[Structure],
@@ -112,10 +119,14 @@ def train(
     eval_every: int = 50,
     energy_weight: float = 1.0,
     force_weight: float = 1.0,
+    seconds: float | None = None,
+    log=None,
 ):
     """Train with Adam (cosine-decayed learning rate) on energies and forces; returns
     ``(params, history)``. A progress bar shows the loss; validation MAEs are logged every
-    `eval_every` steps."""
+    `eval_every` steps (to `log`, a function of a line, if given). `seconds`: a wall-time budget
+    for the loop; the step count is then set after timing the first steps (at most `steps`),
+    and the learning rate decays over that count."""
     import optax
     from tqdm.auto import tqdm
 
@@ -126,8 +137,9 @@ def train(
         params = NequIP(config).init(jax.random.key(seed), b.species, b.positions, b.graph, b.cell)
         shift = jnp.asarray(fit_species_shift(config, train_set), params["params"]["species_shift"].dtype)
         params = {"params": {**params["params"], "species_shift": shift}}
-    optimizer = optax.adam(optax.cosine_decay_schedule(learning_rate, steps, alpha=0.05))
+    optimizer = optax.inject_hyperparams(optax.adam)(learning_rate=learning_rate)
     opt_state = optimizer.init(params)
+    lr_dtype = opt_state.hyperparams["learning_rate"].dtype  # set every step as a (non-weak) array: one compilation
 
     @jax.jit
     def step(params, opt_state, b):
@@ -137,22 +149,35 @@ def train(
 
     history = History()
     order = np.random.default_rng(seed).permutation
-    bar = tqdm(range(steps), disable=not progress, desc="training", unit="step")
+    bar = tqdm(total=steps, disable=not progress, desc="training", unit="step")
+    write = log or bar.write
     queue = []
+    calibrate = 10  # steps timed (after the compiling first) before a time budget fixes the count
     t0 = time.perf_counter()
-    for i in bar:
+    i = 0
+    while i < steps:
         if not queue:
             queue = list(order(len(batches)))
+        opt_state.hyperparams["learning_rate"] = jnp.asarray(cosine_learning_rate(i, steps, learning_rate), lr_dtype)
         params, opt_state, metrics = step(params, opt_state, batches[queue.pop()])
         history.step.append(i)
         history.loss.append(float(metrics["loss"]))
         history.times.append(time.perf_counter() - t0)
+        if seconds is not None and i + 1 == min(calibrate, steps):
+            per_step = history.seconds_per_step()
+            steps = min(steps, i + 1 + max(0, int((seconds - history.times[-1]) / max(per_step, 1e-9))))
+            bar.total = steps
+            bar.refresh()
+            write(f"time budget {seconds:.0f} s: {steps} steps of {1e3 * per_step:.2f} ms (first step {history.times[0]:.1f} s)")
+        bar.update(1)
         bar.set_postfix(loss=f"{history.loss[-1]:.4f}")
-        if val_batches and ((i + 1) % eval_every == 0 or i + 1 == steps):
+        i += 1
+        if val_batches and (i % eval_every == 0 or i == steps):
             m = evaluate(params, config, val_batches)
-            history.val_step.append(i + 1)
+            history.val_step.append(i)
             history.val_energy_mae.append(m["energy_mae"])
             history.val_force_mae.append(m["force_mae"])
-            bar.write(f"step {i + 1}: val energy MAE {1e3 * m['energy_mae']:.1f} meV/atom, force MAE {1e3 * m['force_mae']:.1f} meV/A")
+            write(f"step {i}: val energy MAE {1e3 * m['energy_mae']:.1f} meV/atom, force MAE {1e3 * m['force_mae']:.1f} meV/A")
+    bar.close()
     history.seconds = time.perf_counter() - t0
     return params, history

@@ -1,0 +1,176 @@
+"""An ASE calculator for the NequIP-style potential: energy, forces, stress, per-atom energies.
+
+:class:`JequiCalculator` builds each structure's radius graph on the host with vesin's
+neighbour list (the fastest of ase, matscipy and vesin on this project's CPU at 1k-100k atoms:
+``benchmarks/results/2026-11-27-cpu-neighbour-lists.md``), pads atoms and edges up to
+geometric size buckets, and evaluates energy, forces and the strain derivative in one jitted
+call. Padding to buckets is what keeps molecular dynamics from recompiling at every step: the
+neighbour count changes as atoms move, but a new compilation happens only when it leaves its
+bucket (``growth`` apart, so a few times over a long run at most).
+
+Stress is the strain derivative of the energy divided by the volume, ``sigma = (1/V) dE/d eps``
+with positions and cell deformed by ``(1 + eps)`` (ase's convention and units, eV/Å^3, Voigt
+order ``xx yy zz yz xz xy``); it exists for cells periodic in all three directions only.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from ase.calculators.calculator import Calculator, PropertyNotImplementedError, all_changes
+
+from ..graph import Graph
+from .nequip import NequIP, NequIPConfig
+
+
+def neighbour_edges(atoms, cutoff: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Radius-graph edges of `atoms` from vesin: ``(senders, receivers, shifts)`` with an edge
+    ``j -> i`` for every neighbour ``j`` of ``i`` within `cutoff` (Å), periodic images included,
+    and integer cell shifts ``S`` so that the edge vector is ``pos[j] - pos[i] + S @ cell``
+    (the convention of :func:`jequi.atoms.radius_edges`, which uses ase's slower list)."""
+    from vesin import NeighborList
+
+    if not cutoff > 0:
+        raise ValueError(f"cutoff must be positive, got {cutoff!r}")
+    pbc = np.asarray(atoms.pbc, bool)
+    cell = np.asarray(atoms.cell.array, np.float64)
+    if pbc.any() and np.linalg.matrix_rank(cell[pbc]) < pbc.sum():
+        raise ValueError(f"periodic directions {pbc.tolist()} need a non-degenerate cell, got {cell.tolist()}")
+    i, j, shifts = NeighborList(cutoff=float(cutoff), full_list=True).compute(
+        points=np.asarray(atoms.positions, np.float64), box=cell, periodic=pbc.tolist(), quantities="ijS"
+    )
+    return j.astype(np.int32), i.astype(np.int32), shifts.astype(np.float64)
+
+
+def bucket(n: int, minimum: int = 16, growth: float = 1.25) -> int:
+    """The smallest size of the geometric sequence ``minimum, ceil(minimum * growth), ...`` that
+    is at least `n`: arrays padded to it compile once per bucket, not once per size."""
+    if growth <= 1:
+        raise ValueError(f"growth must be > 1, got {growth!r}")
+    size = max(1, int(minimum))
+    while size < n:
+        size = max(size + 1, math.ceil(size * growth))
+    return size
+
+
+def load_model(model):
+    """``(params, config)`` of `model`: a shipped name (``"nequip-emt"``), a directory holding
+    ``<name>.msgpack`` and ``<name>.json`` (``"path/to/dir"`` or ``"path/to/dir/name"``), or a
+    ``(params, config)`` pair."""
+    from . import pretrained
+
+    if isinstance(model, tuple) and len(model) == 2 and isinstance(model[1], NequIPConfig):
+        return model
+    if isinstance(model, (str, pathlib.Path)):
+        path = pathlib.Path(model)
+        if (pretrained.WEIGHTS / f"{model}.json").exists():
+            params, config, _ = pretrained.load(pretrained.WEIGHTS, str(model))
+            return params, config
+        if path.is_dir() and (path / f"{pretrained.NAME}.json").exists():
+            params, config, _ = pretrained.load(path, pretrained.NAME)
+            return params, config
+        if path.with_suffix(".json").exists():
+            params, config, _ = pretrained.load(path.parent, path.name)
+            return params, config
+        shipped = sorted(p.stem for p in pretrained.WEIGHTS.glob("*.json"))
+        raise ValueError(f"unknown model {model!r}: not a shipped model {shipped} nor a saved model's path")
+    raise TypeError(f"model must be a shipped name, a path or a (params, NequIPConfig) pair, got {type(model).__name__}")
+
+
+def _evaluate(config: NequIPConfig, params, species, positions, cell, senders, receivers, shifts, node_mask):
+    """Total energy, per-atom energies, forces and ``dE/d eps`` (the strain derivative) of one
+    padded structure; padding atoms (``node_mask`` False) and edges (index -1) add nothing."""
+    graph = Graph.build(senders, receivers, positions.shape[0], shifts=shifts)
+    model = NequIP(config)
+
+    def energy(positions, strain):
+        deform = jnp.eye(3, dtype=positions.dtype) + 0.5 * (strain + strain.T)
+        per_atom = model.apply(params, species, positions @ deform, graph, cell @ deform)
+        per_atom = jnp.where(node_mask, per_atom, 0.0)
+        return per_atom.sum(), per_atom
+
+    (total, per_atom), (grad, virial) = jax.value_and_grad(energy, argnums=(0, 1), has_aux=True)(
+        positions, jnp.zeros((3, 3), positions.dtype)
+    )
+    return total, per_atom, -grad, virial
+
+
+class JequiCalculator(Calculator):
+    """ASE calculator of a jequi NequIP-style potential.
+
+    ``model``: ``"nequip-emt"`` (shipped, see ``jequi/models/weights/nequip-emt.md``), a saved
+    model's path, or ``(params, config)``. ``backend``: jequi backend of the convolutions (None:
+    the fastest available). ``dtype``: ``"float32"`` or ``"float64"`` (needs
+    ``jax_enable_x64``). ``growth`` / ``min_atoms`` / ``min_edges``: the size buckets atoms and
+    edges are padded to (:func:`bucket`). Properties: ``energy``, ``free_energy`` (the same:
+    no electronic entropy), ``energies`` (per atom), ``forces``, ``stress`` (periodic cells).
+    """
+
+    implemented_properties = ["energy", "free_energy", "energies", "forces", "stress"]
+
+    def __init__(self, model="nequip-emt", backend=None, dtype="float32", growth: float = 1.25,
+                 min_atoms: int = 8, min_edges: int = 64, **kwargs):  # fmt: skip
+        super().__init__(**kwargs)
+        params, config = load_model(model)
+        self.dtype = jnp.dtype(dtype)
+        if self.dtype not in (jnp.float32, jnp.float64):
+            raise ValueError(f"dtype must be float32 or float64, got {dtype!r}")
+        if self.dtype == jnp.float64 and not jax.config.jax_enable_x64:
+            raise ValueError("dtype float64 needs jax.config.update('jax_enable_x64', True) first")
+        if backend is not None:
+            config = NequIPConfig(**{**config.__dict__, "backend": backend})
+        self.config = config
+        self.params = jax.tree.map(lambda a: jnp.asarray(a, self.dtype), params)
+        self.growth, self.min_atoms, self.min_edges = growth, min_atoms, min_edges
+        # one jitted function per calculator: its cache holds one entry per (atom, edge) bucket
+        self.compiled = jax.jit(functools.partial(_evaluate, config))
+
+    @property
+    def compilations(self) -> int:
+        """How many shapes the evaluation has been compiled for (one per bucket visited)."""
+        return self.compiled._cache_size()
+
+    def padded_inputs(self, atoms):
+        """The jitted function's arguments for `atoms`: species, positions, cell, senders,
+        receivers, shifts and the node mask, padded to their buckets."""
+        n = len(atoms)
+        senders, receivers, shifts = neighbour_edges(atoms, self.config.cutoff)
+        n_pad, e_pad = bucket(n, self.min_atoms, self.growth), bucket(len(senders), self.min_edges, self.growth)
+        species = np.zeros(n_pad, np.int32)
+        species[:n] = self.config.species_index(atoms.numbers)
+        positions = np.zeros((n_pad, 3))
+        positions[:n] = atoms.positions
+        pad = e_pad - len(senders)
+        senders = np.concatenate([senders, np.full(pad, -1, np.int32)])
+        receivers = np.concatenate([receivers, np.full(pad, -1, np.int32)])
+        shifts = np.concatenate([shifts, np.zeros((pad, 3))])
+        dt = self.dtype
+        return (
+            jnp.asarray(species), jnp.asarray(positions, dt), jnp.asarray(atoms.cell.array, dt),
+            jnp.asarray(senders), jnp.asarray(receivers), jnp.asarray(shifts, dt), jnp.asarray(np.arange(n_pad) < n),
+        )  # fmt: skip
+
+    def calculate(self, atoms=None, properties=("energy",), system_changes=all_changes):
+        super().calculate(atoms, properties, system_changes)
+        atoms = self.atoms
+        periodic = bool(np.all(atoms.pbc))
+        if "stress" in properties and not periodic:
+            raise PropertyNotImplementedError(
+                f"stress needs a cell periodic in all three directions; this structure has pbc={atoms.pbc.tolist()}"
+            )
+        n = len(atoms)
+        total, per_atom, forces, virial = self.compiled(self.params, *self.padded_inputs(atoms))
+        self.results = {
+            "energy": float(total),
+            "free_energy": float(total),
+            "energies": np.asarray(per_atom[:n], np.float64),
+            "forces": np.asarray(forces[:n], np.float64),
+        }
+        if periodic:
+            stress = np.asarray(virial, np.float64) / atoms.get_volume()
+            self.results["stress"] = stress.flat[[0, 4, 8, 5, 2, 1]]
