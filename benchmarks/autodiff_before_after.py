@@ -74,17 +74,22 @@ def timed(fn, args):
 
 
 def pair(cells, name, fns, args, alternations: int = 3):
-    """Time each version's `fns[version]` alternately; the median of each version's medians."""
+    """Time each version's `fns[version]` alternately; the median of each version's medians.
+    `args`: one tuple for all, or a dict of each version's (a model's batch holds its own
+    package's Graph)."""
+    args = args if isinstance(args, dict) else {v: args for v in fns}
     compiled = {}
     for version, fn in fns.items():
         try:
-            compiled[version] = timed(fn, args)
+            compiled[version] = timed(fn, args[version])
         except Exception as exc:  # noqa: BLE001 - recorded, the others go on
-            cells.append({"cell": name, "version": version, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"})
+            cell = {"cell": name, "version": version, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
+            cells.append(cell)
+            print(json.dumps(cell), flush=True)
     times = {v: [] for v in compiled}
     for _ in range(alternations):
         for version, c in compiled.items():
-            times[version].append(median_ms(c, args, repeat=5, calls=5))
+            times[version].append(median_ms(c, args[version], repeat=5, calls=5))
     for version, t in times.items():
         cell = {"cell": name, "version": version, "ms": float(np.median(t))}
         cells.append(cell)
@@ -115,21 +120,19 @@ def kernel_cells(cells, packages, backends, rows: int, nodes: int, edges: int):
                 pair(cells, f"{kind} {backend} {name}", {"after": make(op("after"))}, args)
 
 
-def model_cells(cells, modules, backend: str | None):
-    for model, workloads in (("nequip-oam-l", ("train", "md")), ("mace-width", ("train",))):
-        for workload in workloads:
-            fns, args = {}, None
-            for version, ms in modules.items():
-                config = dataclasses.replace(ms.MODELS[model], backend=backend)
-                params = ms.init(config)
-                if workload == "train":
-                    structures = ms.data.emt_dataset(4000 // 20 + 8, seed=1)
-                    fn, a, info = ms.train_step(config, structures, 4000 // 22, params, 0.3)
-                else:
-                    fn, a, info = ms.md_step(config, ms.alloy(4000), params)
-                fns[version] = fn
-                args = args or a  # the same parameters and batch for both (same code made them)
-            pair(cells, f"{model} {workload} ({info['atoms']} atoms, {info['edges']} edges)", fns, args)
+def model_cells(cells, modules, backend: str | None, chosen: list[str]):
+    for model, workload in (c.split(":") for c in chosen):
+        fns, args = {}, {}
+        for version, ms in modules.items():
+            config = dataclasses.replace(ms.MODELS[model], backend=backend)
+            params = ms.init(config)
+            if workload == "train":
+                structures = ms.data.emt_dataset(4000 // 20 + 8, seed=1)
+                fn, a, info = ms.train_step(config, structures, 4000 // 22, params, 0.3)
+            else:
+                fn, a, info = ms.md_step(config, ms.alloy(4000), params)
+            fns[version], args[version] = fn, a  # the same values for both: the same code made them
+        pair(cells, f"{model} {workload} ({info['atoms']} atoms, {info['edges']} edges)", fns, args)
 
 
 def markdown(result) -> str:
@@ -162,6 +165,7 @@ def main():
     ap.add_argument("--nodes", type=int, default=4_000)
     ap.add_argument("--edges", type=int, default=100_000)
     ap.add_argument("--no-models", action="store_true")
+    ap.add_argument("--model-cells", default="nequip-oam-l:train,nequip-oam-l:md,mace-width:train")
     ap.add_argument("--model-backend", default="cuda", help="the models' conv backend ('default': jequi's choice)")
     ap.add_argument("--no-kernels", action="store_true")
     ap.add_argument("--out", default=str(HERE / "results"))
@@ -180,7 +184,7 @@ def main():
     if not a.no_models:
         backend = None if a.model_backend == "default" else a.model_backend
         modules = {"before": model_step_module("jequi_before"), "after": model_step_module("jequi")}
-        model_cells(result["cells"], modules, backend)
+        model_cells(result["cells"], modules, backend, a.model_cells.split(","))
     print(save(result, "autodiff-before-after", markdown(result), a.out))
 
 
