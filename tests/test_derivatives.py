@@ -17,7 +17,9 @@ from jequi.backends import xla
 
 # the cuda backends run on a GPU only (tests/test_cuda.py covers them further)
 ON_CUDA = pytest.mark.skipif("cuda" not in jequi.available_backends(), reason="needs a CUDA GPU and nvcc")
-BACKENDS = ["xla", "pallas", *(pytest.param(b, marks=ON_CUDA) for b in ("cuda", "pallas+cuda", "cuda+pallas"))]
+# each derivative order on the other backend's kernels (an A/B pair, registered here only)
+MIXED = [backends.register(backends.mixed(a, b)) for a, b in (("pallas", "cuda"), ("cuda", "pallas"))]
+BACKENDS = ["xla", "pallas", *(pytest.param(b, marks=ON_CUDA) for b in ("cuda", *MIXED))]
 CONV_BACKENDS = [*BACKENDS, pytest.param("cuda-atomic", marks=ON_CUDA)]  # differs from cuda in the conv only
 
 PROBLEMS = {
