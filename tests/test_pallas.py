@@ -532,9 +532,10 @@ def test_row_blocks_tail_rows(shared):
 
 
 def test_rows_per_program_tail():
-    """The per-row kernels with several rows per program and a partial last program."""
-    for name in ("uvu-ir_mul", "uvw"):
-        check_batched(PROBLEMS[name](), pallas_backend(rows_per_program=2), 5, np.float64, False, 1e-12)
+    """The per-row kernels with several rows per program and a partial last program (one
+    product: the rows loop, :func:`pallas_kernels.row_code.rows_loop`, wraps every mode's row
+    code alike; uvw's row code is test_forward_and_backward's)."""
+    check_batched(PROBLEMS["uvu-ir_mul"](), pallas_backend(rows_per_program=2), 5, np.float64, False, 1e-12)
 
 
 def test_lane_tile_sum_order():
