@@ -3,7 +3,7 @@
     python3 benchmarks/compile_time.py [--problems nequip-benzene] [--graph carbon]
         [--dtype float32] [--layout mul_ir] [--backward-chunks auto,1,2] [--tp-batch 0]
 
-For each product and each ``conv.BACKWARD_CHUNKS`` setting, the conv's forward and its
+For each product and each ``pallas_kernels.Config.backward_chunks`` setting, the conv's forward and its
 gradient (and with ``--tp-batch`` the batched product's) are lowered (JAX tracing and Pallas'
 Triton lowering, in Python) and then compiled (XLA: Triton's passes, LLVM, ptxas), each timed
 apart, with the size of the lowered module. Nothing is run. On a machine without a GPU the
@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import structures
 
 import jequi
-import pallas_kernels.conv as conv
+import pallas_kernels
 
 
 def split(fn, args) -> str:
@@ -45,7 +45,7 @@ def main():
     ap.add_argument("--graph", default="carbon")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--layout", default="mul_ir")
-    ap.add_argument("--backward-chunks", default="auto", help="comma list of conv.BACKWARD_CHUNKS (auto: the rule)")
+    ap.add_argument("--backward-chunks", default="auto", help="comma list of Config.backward_chunks (auto: the rule)")
     ap.add_argument("--tp-batch", type=int, default=0, help="also the batched product on this many rows")
     a = ap.parse_args()
     if a.dtype == "float64":
@@ -58,11 +58,12 @@ def main():
         n, e, b = len(atoms), graph.num_edges, a.tp_batch
         shapes = [(n, d1), (e, d2), (e, tp.weight_numel), (n, do), (b, d1), (b, d2), (b, tp.weight_numel), (b, do)]
         x, y, w, g, bx, by, bw, bg = (jax.ShapeDtypeStruct(s, jnp.dtype(a.dtype)) for s in shapes)
-        conv_fn = lambda x, y, w, graph: tp.conv(x, y, w, graph, backend="pallas")  # noqa: E731
-        tp_fn = lambda x, y, w: tp(x, y, w, backend="pallas")  # noqa: E731
         for chunks in a.backward_chunks.split(","):
-            conv.BACKWARD_CHUNKS = None if chunks == "auto" else int(chunks)
-            jax.clear_caches()
+            config = pallas_kernels.Config(backward_chunks=None if chunks == "auto" else int(chunks))
+            backend = jequi.backends.register(jequi.backends.configured("pallas", config))
+            conv_fn = lambda x, y, w, graph: tp.conv(x, y, w, graph, backend=backend)  # noqa: E731
+            tp_fn = lambda x, y, w: tp(x, y, w, backend=backend)  # noqa: E731
+            jax.clear_caches()  # each setting's lowering and compile timed from scratch
             head = f"{name} {a.dtype} {a.layout} backward_chunks={chunks}:"
             print(f"{head} conv fwd {split(conv_fn, (x, y, w, graph))}", flush=True)
             print(f"{head} conv grad {split(gradient(conv_fn), (x, y, w, g, graph))}", flush=True)

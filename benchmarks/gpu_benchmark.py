@@ -31,7 +31,7 @@ fwd reads x, y, w, writes z; bwd reads x, y, w, g, writes gx, gy, gw; dbl (fully
 and gy kept on chip) also reads x, y, w, g and writes dx, dy, dw, the same bytes as bwd;
 dblf reads x, y, w, g and writes dx, dy, dw, dg.
 ``dbl_2k`` (the markdown's "dbl 2-kernel %HBM") is the bound of any double backward that
-``jax.grad`` runs through a custom_vjp, whose loss between the two derivative orders is user
+``jax.grad`` runs (a first and a second derivative op), whose loss between the two derivative orders is user
 code: a first backward reads x, y, w, g and writes gx, gy; the loss's XLA fusion reads them and
 writes their cotangents; a second-order kernel reads x, y, w, g and those and writes dx, dy, dw
 (2 x (in1 + in2 + w + out) + 5 x (in1 + in2) + w per row). Conv: fwd reads x once, y, w per edge, both index arrays,
@@ -80,7 +80,9 @@ PEERS = ("e3nn", "cuex", "oeq", "oeq-det")
 # OpenEquivariance take e3nn's ``mul_ir``. Speedups compare a peer with jequi in its layout.
 PEER_LAYOUTS = {"e3nn": "mul_ir", "cuex": "ir_mul", "oeq": "mul_ir", "oeq-det": "mul_ir"}
 IR_MUL = "-ir_mul"  # name suffix of the jequi implementations run in the ir_mul layout
-KERNEL_BACKENDS = {"pallas", "cuda", "pallas+cuda", "cuda+pallas", "cuda-atomic"}  # the jequi backends also run in the ir_mul layout
+# A/B pairs, each derivative order on the other backend's kernels (built and registered here)
+MIXED = {jequi.backends.register(jequi.backends.mixed(a, b)) for a, b in (("pallas", "cuda"), ("cuda", "pallas"))}
+KERNEL_BACKENDS = {"pallas", "cuda", "cuda-atomic", *MIXED}  # the jequi backends also run in the ir_mul layout
 CONV_ONLY = {"cuda-atomic"}  # backends that differ from another only in the conv
 BOUND_NAMES = {"dbl_2k": "dbl 2-kernel"}  # markdown names of the bounds that are not a pass's own
 DEFAULT = "default"  # jequi-default: the backend jequi picks when the caller names none (backends.resolve)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Nsight Compute profile of jequi's kernels (device tool, Firecracker machines; ncu is
 # told to leave the clocks alone). From the repo root, .peers carried:
-#   bash benchmarks/profile_conv.sh TAG [tune_conv.py args, e.g. --lane-sums tile]
+#   bash benchmarks/profile_conv.sh TAG [tune_conv.py args, e.g. --channel-windows 1,2]
 # SCRIPT picks another driver in benchmarks/ (profile_cuda.py for the CUDA kernels, with
 # KERNEL=jequi_ LAUNCHES=8 and its --repeat 1 --calls 1), LAUNCHES the launches profiled.
 # profiles the first two launches of kernels matching KERNEL (a regex, default jequi_conv,

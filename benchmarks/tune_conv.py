@@ -1,43 +1,30 @@
 """Sweep the Pallas kernels' schedule knobs on a real graph (GPU run, device tool).
 
     python3 benchmarks/tune_conv.py [--problems mace-large] [--graph carbon] [--tp-batch 50000]
-        [--channelwise IN1:IN2:OUT] [--no-conv] [--steps 1,2,4] [--accumulators 32,64,128]
-        [--forward-warps auto,1,2,4] [--backward-warps auto,1,2,4] [--lane-sums element,tile]
-        [--edge-splits auto,1,2,4,8] [--rows auto,1,8] [--backward-groups auto,0,1]
-        [--forward-accumulators auto,64,128] [--cotangent-layout ir_mul,mul_ir]
-        [--backward-chunks auto,1,2,4] [--channel-windows auto,1,2] [--fma 1,0]
-        [--chained-forward auto,0,1] [--fused-forward auto,0,1] [--forward-block-rows 16,32]
-        [--forward-block-warps 4,8] [--backward-block-rows auto,16] [--backward-block-warps 2,4]
+        [--channelwise IN1:IN2:OUT] [--no-conv] [--accumulator-registers 32,64,128]
+        [--forward-warps auto,1,2,4] [--backward-warps auto,1,2,4] [--fill-warps 4096]
+        [--rows-per-program auto,1,8] [--backward-groups auto,0,1]
+        [--forward-accumulators auto,64,128] [--backward-chunks auto,1,2,4] [--channel-windows auto,1,2]
+        [--chained-forward auto,0,1] [--fused-forward auto,0,1] [--block-forward-rows 16,32]
+        [--block-forward-warps 4,8] [--block-backward-rows auto,16] [--block-backward-warps 2,4]
         [--fused-second auto,0,1] [--no-backward] [--dbl-batch 20000] [--dbl-force]
         [--layouts mul_ir,ir_mul]
 
-Knobs (module constants): EDGES_PER_STEP (edges per loop step), ACCUMULATOR_REGISTERS (the
-conv forward's output grouping, 32-bit registers per thread), FILL_WARPS (the warps a small
-graph's rows are split to fill, fill_edges' rule), COTANGENT_LAYOUT (the layout the conv backward reads the
-output cotangent in), BACKWARD_CHUNKS (the backward's programs per x segment, auto =
-backward_programs' rule), CHAINED_FORWARD (the forward's multiply-adds start from the edge
-loop's sums, auto = by dtype) of pallas_kernels.conv; FORWARD_WARPS and BACKWARD_WARPS
-(warps per program, auto = num_warps' rule), LANE_SUMS (gy's cross-lane sums per element or as
-one tile), ROWS_PER_PROGRAM (the batched product's rows per program), BACKWARD_GROUPS (the
-batched backward's programs per x segment, auto = backward_groups' rule),
-FORWARD_ACCUMULATORS (the batched forward's output elements per thread, any dtype, before a
-split over programs; 0 = a program per segment, auto = forward_groups' rule),
-CHANNEL_WINDOWS (the batched backward's programs per group by x channels, auto =
-channel_windows' rule), FUSED_FORWARD (the batched forward's multiply-adds fused, auto =
-by dtype) and FUSED_SECOND (the batched double backward's dgz in its backward kernel, where
-fuses_second allows, auto = by output width) of pallas_kernels.tensor_product; FORWARD_ROWS, FORWARD_WARPS, BACKWARD_ROWS (auto =
-by dtype) and BACKWARD_WARPS (rows and warps per program) of pallas_kernels.row_blocks;
-FUSED_MULTIPLY_ADD (multiply-adds as one instruction) of pallas_kernels.lowering. Prints conv
-fwd and fwd+bwd ms per setting (unless --no-conv), with --tp-batch the batched product's too,
-and with --dbl-batch the batched product's double backward (gpu_benchmark.py's dbl) on that
-many of those rows (with --dbl-force, force training's, gpu_benchmark.py's dblf, which runs dgz). --channelwise adds a product of one's own irreps (jequi.channelwise), e.g.
-a model's convolution.
---layouts builds every product in each of these layouts (x, y, z and the conv's node arrays).
+Knobs: the fields of :class:`pallas_kernels.Config` (comma lists are swept; ``auto``: None,
+the rule of :mod:`pallas_kernels.heuristics`). Each setting is a ``Config`` value, run through
+a ``pallas`` backend built with it (``jequi.backends.configured``). Prints conv fwd and
+fwd+bwd ms per setting (unless --no-conv), with --tp-batch the batched product's too, and with
+--dbl-batch the batched product's double backward (gpu_benchmark.py's dbl) on that many of
+those rows (with --dbl-force, force training's, gpu_benchmark.py's dblf, which runs dgz).
+--channelwise adds a product of one's own irreps (jequi.channelwise), e.g. a model's
+convolution. --layouts builds every product in each of these layouts (x, y, z and the conv's
+node arrays).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 
 import jax
@@ -46,38 +33,26 @@ import structures
 from timing import timed
 
 import jequi
-import pallas_kernels.conv as conv
-import pallas_kernels.lowering as lowering
-import pallas_kernels.row_blocks as row_blocks
-import pallas_kernels.tensor_product as tensor_product
+import pallas_kernels
 
 # (runs, calls per run) of each timing: settings differ by a few percent, more than the
 # run-to-run spread of timing.py's default 5 x 5 calls.
 REPEAT = (9, 20)
 
-_FLAGS = {"1": True, "0": False}
-KNOBS = {  # option -> (module, constant, parse)
-    "steps": (conv, "EDGES_PER_STEP", int),
-    "accumulators": (conv, "ACCUMULATOR_REGISTERS", int),
-    "forward_warps": (tensor_product, "FORWARD_WARPS", lambda v: None if v == "auto" else int(v)),
-    "backward_warps": (tensor_product, "BACKWARD_WARPS", lambda v: None if v == "auto" else int(v)),
-    "lane_sums": (tensor_product, "LANE_SUMS", str),
-    "fill_warps": (conv, "FILL_WARPS", int),
-    "rows": (tensor_product, "ROWS_PER_PROGRAM", lambda v: None if v == "auto" else int(v)),
-    "backward_groups": (tensor_product, "BACKWARD_GROUPS", lambda v: None if v == "auto" else _FLAGS[v]),
-    "forward_accumulators": (tensor_product, "FORWARD_ACCUMULATORS", lambda v: None if v == "auto" else int(v)),
-    "cotangent_layout": (conv, "COTANGENT_LAYOUT", str),
-    "backward_chunks": (conv, "BACKWARD_CHUNKS", lambda v: None if v == "auto" else int(v)),
-    "channel_windows": (tensor_product, "CHANNEL_WINDOWS", lambda v: None if v == "auto" else int(v)),
-    "fma": (lowering, "FUSED_MULTIPLY_ADD", lambda v: _FLAGS[v]),
-    "chained_forward": (conv, "CHAINED_FORWARD", lambda v: None if v == "auto" else _FLAGS[v]),
-    "fused_forward": (tensor_product, "FUSED_FORWARD", lambda v: None if v == "auto" else _FLAGS[v]),
-    "fused_second": (tensor_product, "FUSED_SECOND", lambda v: None if v == "auto" else _FLAGS[v]),
-    "forward_block_rows": (row_blocks, "FORWARD_ROWS", int),
-    "forward_block_warps": (row_blocks, "FORWARD_WARPS", int),
-    "backward_block_rows": (row_blocks, "BACKWARD_ROWS", lambda v: None if v == "auto" else int(v)),
-    "backward_block_warps": (row_blocks, "BACKWARD_WARPS", int),
-}
+KNOBS = tuple(f.name for f in dataclasses.fields(pallas_kernels.Config))
+
+
+def parse(value: str):
+    """A knob's value from the command line: ``auto`` (None: the rule), an int, or a 0/1 flag
+    for the boolean knobs (parsed as ints, which the rules read alike)."""
+    return None if value == "auto" else int(value)
+
+
+def config_of(setting) -> pallas_kernels.Config:
+    """The :class:`pallas_kernels.Config` of one setting (a value string per knob)."""
+    values = {k: parse(v) for k, v in zip(KNOBS, setting)}
+    bools = {f.name for f in dataclasses.fields(pallas_kernels.Config) if "bool" in str(f.type)}
+    return pallas_kernels.Config(**{k: v if v is None or k not in bools else bool(v) for k, v in values.items()})
 
 
 def time_both(f, g, args, backward: bool) -> str:
@@ -119,14 +94,9 @@ def main():
     ap.add_argument("--backward", action=argparse.BooleanOptionalAction, default=True, help="time fwd+bwd too")
     ap.add_argument("--dbl-force", action="store_true", help="time force training's double backward (dblf) instead")
     ap.add_argument("--layouts", default="mul_ir", help="comma list of the products' layouts (mul_ir, ir_mul)")
-    defaults = {"steps": "1", "accumulators": "64", "forward_warps": "auto", "backward_warps": "auto", "lane_sums": "tile",
-                "fill_warps": str(conv.FILL_WARPS), "rows": "auto", "backward_groups": "auto", "forward_accumulators": "auto",
-                "cotangent_layout": conv.COTANGENT_LAYOUT, "backward_chunks": "auto", "channel_windows": "auto",
-                "fma": "1", "chained_forward": "auto", "fused_forward": "auto", "fused_second": "auto",
-                "forward_block_rows": str(row_blocks.FORWARD_ROWS), "forward_block_warps": str(row_blocks.FORWARD_WARPS),
-                "backward_block_rows": "auto", "backward_block_warps": str(row_blocks.BACKWARD_WARPS)}
-    for name, default in defaults.items():
-        ap.add_argument("--" + name.replace("_", "-"), default=default)
+    for name in KNOBS:
+        default = getattr(pallas_kernels.DEFAULT, name)
+        ap.add_argument("--" + name.replace("_", "-"), default="auto" if default is None else str(int(default)))
     a = ap.parse_args()
     if a.dbl_batch > a.tp_batch:
         ap.error("--dbl-batch takes its rows from the --tp-batch ones: give --tp-batch at least as large")
@@ -148,17 +118,15 @@ def main():
         )
         settings = list(itertools.product(*(getattr(a, k).split(",") for k in KNOBS)))
         for setting in settings:
-            for (module, constant, parse), value in zip(KNOBS.values(), setting):
-                setattr(module, constant, parse(value))
-            jax.clear_caches()
+            backend = jequi.backends.register(jequi.backends.configured("pallas", config_of(setting)))
             line = " ".join(f"{k}={v}" for k, v in zip(KNOBS, setting)) + ":"
             if a.conv:
-                line += " conv" + time_both(lambda x, y, w: tp.conv(x, y, w, graph, backend="pallas"), g, (x, y, w), a.backward)
+                line += " conv" + time_both(lambda x, y, w: tp.conv(x, y, w, graph, backend=backend), g, (x, y, w), a.backward)
             if b:
-                line += " tp" + time_both(lambda x, y, w: tp(x, y, w, backend="pallas"), bg, (bx, by, bw), a.backward)
+                line += " tp" + time_both(lambda x, y, w: tp(x, y, w, backend=backend), bg, (bx, by, bw), a.backward)
             if a.dbl_batch:
                 k = a.dbl_batch
-                line += time_dbl(lambda x, y, w: tp(x, y, w, backend="pallas"), bg[:k], (bx[:k], by[:k], bw[:k]), a.dbl_force)
+                line += time_dbl(lambda x, y, w: tp(x, y, w, backend=backend), bg[:k], (bx[:k], by[:k], bw[:k]), a.dbl_force)
             print(f"{name} {a.dtype} {line}", flush=True)
 
 

@@ -5,13 +5,13 @@ schedule knobs (GPU run, device tool).
         [--layouts mul_ir,ir_mul] [--backends cuda,cuda-atomic,pallas] [--tp-batch 50000] [--dbl-batch 20000 [--dbl-force]]
         [--forward-registers 64] [--batched-forward-registers 128] [--backward-values 128]
         [--prefetch 64,0] [--batched-float32-backward-prefetch 0,64] [--min-warps 16,0] [--l2-prefetch 4,0] [--block-warps 8] [--channels 1,4]
-        [--smem-budget 65536] [--spill-bytes rule,64,0] [--second fused,composed]
+        [--smem-budget 65536] [--float32-spill-bytes 64,0] [--second fused,composed]
         [--no-conv] [--no-backward] [--conv-dbl] [--precompile | --only-precompile]
 
-Knobs: the fields of ``ffi.schedule.Config`` (comma lists are swept),
-``ffi.codegen.SMEM_BUDGET`` and ``ffi.ops.SPILL_BYTES`` (a float64 batched forward is built twice,
-see ``Config.batched_float64_forward_registers``: sweep its ``batched_forward_*`` knobs with that
-one at 0). Prints, per product and setting,
+Knobs: the fields of :class:`ffi.Config` (comma lists are swept; a float64 batched forward is
+built twice, see ``Config.batched_float64_forward_registers``: sweep its ``batched_forward_*``
+knobs with that one at 0). Each setting is a ``Config`` value, run through the cuda backends
+built with it (``jequi.backends.configured``). Prints, per product and setting,
 the conv's fwd and fwd+bwd ms (tune_conv.py's timings), the batched product's with
 ``--tp-batch``, its double backward with ``--dbl-batch`` (and force training's with
 ``--dbl-force``) and the conv's with ``--conv-dbl``
@@ -34,19 +34,20 @@ from tune_conv import time_both, time_dbl
 
 import jequi
 from jequi.autodiff import SecondOrder
-from ffi import build, codegen, ops, schedule
+import ffi
+from ffi import build, build_search, launch, ops, schedule
 
-KNOBS = tuple(f.name for f in dataclasses.fields(schedule.Config))
+KNOBS = tuple(f.name for f in dataclasses.fields(ffi.Config))
 CUDA = {b: jequi.backends.BACKENDS[b] for b in ("cuda", "cuda-atomic")}  # the backends whose kernels the knobs shape
 
 
-def registers(desc, dtype) -> str:
-    """Registers per thread and threads per block of the kernels generated for `desc`."""
+def registers(desc, dtype, config) -> str:
+    """Registers per thread and threads per block of the kernels generated for `desc` with `config`."""
     out = []
-    for (d, dt, kind, sums, shared), kernel in ops.generated.items():
-        if d == desc and dt == dtype:
+    for (d, dt, kind, sums, shared, c), kernel in ops.generated.items():
+        if d == desc and dt == dtype and c == config:
             usage = build.resources(build.cubin(kernel.source))
-            full = sums == codegen.computed(kind, schedule.Sums())
+            full = sums == launch.computed(kind, schedule.Sums())
             out.append(f"{kind}{'' if full else f'[{sums}]'}: {usage['registers']} x {kernel.threads}")
     return ", ".join(out)
 
@@ -57,7 +58,7 @@ def precompile(a):
     without a GPU, for ``sm_90``, to carry in ``JEQUI_CACHE_DIR``): the conv's forward and
     backward, with ``--tp-batch`` / ``--dbl-batch`` the batched product's too and the backward
     of its double backward as :func:`tune_conv.time_dbl` calls it; at the default
-    ``SMEM_BUDGET`` and spill rule, per-row (edge) weights, no conv double backward's kernels."""
+    per-row (edge) weights, no conv double backward's kernels."""
     full = schedule.Sums()
     kinds = []
     if a.conv:
@@ -76,11 +77,11 @@ def precompile(a):
     for name, layout in itertools.product(a.problems.split(","), a.layouts.split(",")):
         desc = jequi.problems.get(name, layout=layout).descriptor.trilinear
         for values in itertools.product(*(getattr(a, k).split(",") for k in KNOBS)):
-            config = dataclasses.replace(schedule.DEFAULT, **{k: int(v) for k, v in zip(KNOBS, values)})
-            jobs += [(desc, kind, codegen.computed(kind, sums), config) for kind, sums in kinds
+            config = ffi.Config(**{k: int(v) for k, v in zip(KNOBS, values)})
+            jobs += [(desc, kind, launch.computed(kind, sums), config) for kind, sums in kinds
                      if kind != "tp_second" or schedule.outputs_follow_x(desc)]  # fmt: skip
     with concurrent.futures.ThreadPoolExecutor(os.cpu_count()) as pool:
-        list(pool.map(lambda j: ops.make(j[0], np.dtype(a.dtype), j[1], j[2], False, j[3]), jobs))
+        list(pool.map(lambda j: build_search.make(j[0], np.dtype(a.dtype), j[1], j[2], False, j[3]), jobs))
     print(f"precompiled {len(jobs)} kernels", flush=True)
 
 
@@ -97,15 +98,12 @@ def main():
     ap.add_argument("--conv", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--conv-dbl", action="store_true", help="also the conv's double backward (tune_conv.time_dbl)")
     ap.add_argument("--backward", action=argparse.BooleanOptionalAction, default=True)
-    ap.add_argument("--smem-budget", default=str(codegen.SMEM_BUDGET))
-    ap.add_argument("--spill-bytes", default="rule", help="comma list: rule (ffi.ops.SPILL_BYTES per dtype) or bytes for every dtype")
     ap.add_argument("--precompile", action="store_true", help="first build every setting's kernels, nvcc beside nvcc")
     ap.add_argument("--only-precompile", action="store_true", help="build every setting's kernels, then stop (no GPU needed)")
     ap.add_argument("--second", default="fused", help="comma list: fused, composed (the cuda double backward)")
     for k in KNOBS:
-        ap.add_argument("--" + k.replace("_", "-"), default=str(int(getattr(schedule.DEFAULT, k))))  # booleans as 0 / 1
+        ap.add_argument("--" + k.replace("_", "-"), default=str(int(getattr(ffi.DEFAULT, k))))  # booleans as 0 / 1
     a = ap.parse_args()
-    rule = ops.SPILL_BYTES
     if a.dtype == "float64":
         jax.config.update("jax_enable_x64", True)
     if a.precompile or a.only_precompile:
@@ -121,24 +119,18 @@ def main():
         shapes = [(n, d1), (e, d2), (e, tp.weight_numel), (n, do), (b, d1), (b, d2), (b, tp.weight_numel), (b, do)]
         keys = jax.random.split(jax.random.key(0), len(shapes))
         x, y, w, g, bx, by, bw, bg = (jax.random.normal(k, s, a.dtype) for k, s in zip(keys, shapes))
-        sweeps = [a.second.split(","), a.spill_bytes.split(","), a.smem_budget.split(",")] + [getattr(a, k).split(",") for k in KNOBS]
-        for backend in a.backends.split(","):
-            cuda = backend in CUDA
-            for second, spill, smem, *values in itertools.product(*sweeps) if cuda else [(None, None, None)]:
-                label = backend
+        sweeps = [a.second.split(",")] + [getattr(a, k).split(",") for k in KNOBS]
+        for base in a.backends.split(","):
+            cuda = base in CUDA
+            for second, *values in itertools.product(*sweeps) if cuda else [(None,)]:
+                label, backend = base, base
                 if cuda:
-                    fused = CUDA[backend]
-                    composed = dataclasses.replace(fused, second=None, conv_second=None)
-                    jequi.backends.BACKENDS[backend] = composed if second == "composed" else fused
-                    jequi.products._tp_kernels.cache_clear()
-                    jequi.products._conv_kernels.cache_clear()
-                    label += f" {second} spill={spill}"
-                    ops.SPILL_BYTES = rule if spill == "rule" else dict.fromkeys(ops.DTYPES, int(spill))
-                    codegen.SMEM_BUDGET = int(smem)
-                    schedule.DEFAULT = dataclasses.replace(schedule.DEFAULT, **{k: int(v) for k, v in zip(KNOBS, values)})
-                    ops.clear()
-                    label += f" smem={smem} " + " ".join(f"{k}={v}" for k, v in zip(KNOBS, values))
-                jax.clear_caches()
+                    config = ffi.Config(**{k: int(v) for k, v in zip(KNOBS, values)})
+                    configured = jequi.backends.configured(base, config)
+                    if second == "composed":
+                        configured = dataclasses.replace(configured, name=configured.name + " composed", second=None, conv_second=None)
+                    backend = jequi.backends.register(configured)
+                    label += f" {second} " + " ".join(f"{k}={v}" for k, v in zip(KNOBS, values))
                 line = f"{name} {layout} {a.dtype} {label}:"
                 try:
                     if a.conv:
@@ -154,7 +146,7 @@ def main():
                 except Exception as exc:  # noqa: BLE001 - report and go on with the next setting
                     line += f" failed: {type(exc).__name__}: {str(exc)[:300]}"
                 if cuda:
-                    line += " | " + registers(tp.descriptor.trilinear, jax.numpy.dtype(a.dtype))
+                    line += " | " + registers(tp.descriptor.trilinear, jax.numpy.dtype(a.dtype), config)
                 print(line, flush=True)
 
 

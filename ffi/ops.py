@@ -3,8 +3,6 @@ sums of its fused double backward (:class:`~.schedule.Sums`)."""
 
 from __future__ import annotations
 
-import concurrent.futures
-import dataclasses
 import functools
 
 import jax
@@ -14,23 +12,17 @@ import numpy as np
 from jequi.graph import RowParts, part_edges, row_parts
 from pallas_kernels.conv import add_extras
 
-from . import build, codegen, schedule
-from .schedule import FORWARD, LANES, Sums
+from . import build, build_search, codegen, schedule
+from .config import DEFAULT, Config
+from .launch import computed
+from .schedule import FORWARD, Sums
 
 DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
-# Spill stores (bytes per thread), by dtype, a kernel under the register cap of
-# Config.min_warps may have before it is rebuilt under a looser one: in float32 a few words in
-# L1 cost less than half the warps; in float64 none is let through (docs/tuning.md#ops-spill_bytes).
-SPILL_BYTES = {np.dtype(np.float32): 64, np.dtype(np.float64): 0}
 # Spill stores (bytes per thread) up to which the double backward's dgz runs inside its
 # backward kernel (tp_second, :func:`fuses_second`): fusing paid for a kernel that spilled a
 # few hundred bytes, and was a wash for one that spilled about two thousand
 # (benchmarks/results/2026-11-26-h100-fused-second-order.md; docs/tuning.md#ops-fused_spill_bytes).
 FUSED_SPILL_BYTES = 1024
-# Warps per block a kernel is rebuilt with, in turn, until its code fits (_code_fitting).
-BLOCK_WARPS = (8, 6, 4, 3, 2, 1)
-
-
 def available() -> bool:
     """Whether the kernels can run here: a CUDA GPU as JAX's default device and a toolchain."""
     return jax.default_backend() == "gpu" and build.toolchain_missing() is None
@@ -75,108 +67,24 @@ def _zeroed(desc, needs) -> tuple[int, ...]:
     return tuple(computed.index(i) for i, partial in ((0, x), (2, w)) if needs[i] and partial)
 
 
-# Kernels generated in this process, by (descriptor, dtype, kind, sums, shared).
+# Kernels generated in this process, by (descriptor, dtype, kind, sums, shared, config).
 generated: dict[tuple, codegen.Kernel] = {}
 
 
-def kernel(desc, dtype, kind: str, sums: Sums = Sums(), shared: bool = False) -> codegen.Kernel:
-    """The generated kernel, made once per process with the schedule's current config
-    (:func:`make`)."""
+def kernel(desc, dtype, kind: str, sums: Sums = Sums(), shared: bool = False, config: Config = DEFAULT) -> codegen.Kernel:
+    """The generated kernel of `config`, made once per process (:func:`.build_search.make`)."""
     dtype = np.dtype(dtype)
     if dtype not in DTYPES:
         raise ValueError(f"the cuda backend runs float32 and float64, not {dtype}")
-    sums = codegen.computed(kind, sums)
-    key = (desc, dtype, kind, sums, bool(shared))
+    sums = computed(kind, sums)
+    key = (desc, dtype, kind, sums, bool(shared), config)
     if key not in generated:
-        generated[key] = make(desc, dtype, kind, sums, shared, schedule.DEFAULT)
+        generated[key] = build_search.make(desc, dtype, kind, sums, shared, config)
     return generated[key]
 
 
-def make(desc, dtype, kind: str, sums: Sums, shared: bool, config: schedule.Config) -> codegen.Kernel:
-    """The kernel `config` gives: of the builds :func:`_configs` lists, one that spills no
-    more than ``SPILL_BYTES`` if any does, then the one with the most warps resident per
-    multiprocessor, on a tie the one with the fewest programs (each re-reads its rows), then
-    the first; each build with its blocks cut until its code fits (:func:`_code_fitting`)."""
-    configs = _configs(config, dtype, kind)
-    build_one = lambda c: _code_fitting(desc, dtype, kind, sums, shared, c)  # noqa: E731
-    if len(configs) == 1:
-        return build_one(configs[0])
-    with concurrent.futures.ThreadPoolExecutor(len(configs)) as pool:  # nvcc runs beside nvcc
-        return min(pool.map(build_one, configs), key=lambda k: _rank(k, dtype))
-
-
-def _rank(k: codegen.Kernel, dtype) -> tuple:
-    """:func:`kernel`'s order of builds: not spilling, most resident warps, fewest programs."""
-    path = build.cubin(k.source)
-    spills = build.resources(path)["spill_stores"] > SPILL_BYTES[dtype]
-    return spills, -build.resident_warps(path, k.threads, k.smem), len(k.programs)
-
-
-def _configs(config: schedule.Config, dtype, kind: str) -> list[schedule.Config]:
-    """The configs a kernel is built with: `config`, and for a float64 batched forward also
-    (first) with ``Config.batched_float64_forward_registers`` and ``batched_float64_forward_rows``."""
-    if kind != "tp_forward" or dtype != np.float64 or not config.batched_float64_forward_registers:
-        return [config]
-    wide = dataclasses.replace(config, batched_forward_registers=config.batched_float64_forward_registers,
-                               batched_forward_rows=config.batched_float64_forward_rows)  # fmt: skip
-    return [wide, config]
-
-
-def _uncapped_enough(desc, dtype, kind, sums, shared, config) -> codegen.Kernel:
-    """The kernel under the register cap of ``config.min_warps``, loosened until it (nearly)
-    stops spilling."""
-    most = config.min_warps
-    for warps in dict.fromkeys((most, most * 3 // 4, most // 2, 0)):
-        k = codegen.generate(desc, dtype, kind, sums, shared, dataclasses.replace(config, min_warps=warps))
-        if build.resources(build.cubin(k.source))["spill_stores"] <= SPILL_BYTES[dtype]:
-            break
-    return k
-
-
-def _code_fitting(desc, dtype, kind, sums, shared, config) -> codegen.Kernel:
-    """The kernel built with `config`, then with the changes :func:`_narrower` lists in turn,
-    until its code fits ``Config.code_bytes`` (a conv kind) or ``Config.batched_code_bytes``
-    (:func:`code_fits`; or each program has its own blocks). A batched forward of one product
-    (not a sum, as the double backward's ``dgz``) is built as `config` says (see
-    ``Config.batched_code_bytes``)."""
-    conv = kind.startswith("conv")
-    if conv:
-        budget = config.code_bytes
-    else:
-        budget = 0 if kind == "tp_forward" and not sums.summed else config.batched_code_bytes
-    for c in _narrower(config, conv):
-        k = _uncapped_enough(desc, dtype, kind, sums, shared, c)
-        if code_fits(k, budget):
-            break
-    return k
-
-
-def _narrower(config, conv: bool):
-    """`config`; for a batched kernel then its groups run group-major; then fewer warps per
-    block (:data:`BLOCK_WARPS`)."""
-    yield config
-    if not conv:
-        config = dataclasses.replace(config, batched_group_major=True)
-        yield config
-    for warps in BLOCK_WARPS:
-        if warps < config.block_warps:
-            yield dataclasses.replace(config, block_warps=warps)
-
-
-def code_fits(k: codegen.Kernel, budget: int) -> bool:
-    """Whether the code of the groups of `k` that two neighbouring multiprocessors run at once
-    is at most `budget` bytes (0: any): one group's where they run group-major, one per block
-    the two hold (up to all) node by node; a group's code is the kernel's divided by its groups."""
-    if not budget:
-        return True
-    path = build.cubin(k.source)
-    blocks = build.resident_warps(path, k.threads, k.smem) * LANES // k.threads
-    running = 1 if k.group_major else min(k.groups, 2 * blocks)
-    return build.code_bytes(path) * running <= budget * k.groups
-
-
 def clear():
-    """Forget the generated kernels (after a change of ``schedule.DEFAULT``)."""
+    """Forget the generated kernels (to rebuild them, e.g. with another ``build.CACHE_DIR``)."""
     generated.clear()
 
 
@@ -191,12 +99,12 @@ def _call(k, arrays, outs, grid_x, scalars, indices=(), zero=()):
     return build.call(k, (*operands, *indices), outs, grid_x, arrays[0].size, scalars, zero)
 
 
-def forward_sum(desc, arrays, triples=FORWARD.out):
+def forward_sum(desc, arrays, triples=FORWARD.out, config: Config = DEFAULT):
     """``sum of f(arrays[a], arrays[b], arrays[c])`` over the `triples` (positions in
     ``(x, y, w, gz, ggx, ggy, ggw)``; the default: the product of ``(x, y, w)``)."""
     x, _, w = arrays[:3]
     n = x.shape[0]
-    k = kernel(desc, x.dtype, "tp_forward", Sums(triples, (), (), ()), shared=w.ndim == 1)
+    k = kernel(desc, x.dtype, "tp_forward", Sums(triples, (), (), ()), w.ndim == 1, config)
     zero = (0,) if untouched(desc)[2] else ()
     return _call(k, arrays, _struct((n, desc.dims[2]), x.dtype), -(-n // k.chunk) * k.groups, [n], zero=zero)
 
@@ -213,28 +121,28 @@ def _gradients(k, needs, results, shared: bool):
     return gx, gy, gw
 
 
-def backward_sum(desc, arrays, pairs):
+def backward_sum(desc, arrays, pairs, config: Config = DEFAULT):
     """``(gx, gy, gw)``: each the sum of the backward against ``gz = arrays[3]`` over its
     pairs in ``pairs = (gx pairs, gy pairs, gw pairs)`` (positions in ``(x, y, w, gz, ggx,
     ggy, ggw)``, see :class:`~.schedule.Sums`); None for a gradient without pairs."""
-    return _batched_backward(desc, arrays, "tp_backward", Sums((), *pairs))
+    return _batched_backward(desc, arrays, "tp_backward", Sums((), *pairs), config)
 
 
-def second_sum(desc, arrays, triples, pairs):
+def second_sum(desc, arrays, triples, pairs, config: Config = DEFAULT):
     """``(gx, gy, gw, out)``: :func:`backward_sum` over `pairs` and :func:`forward_sum` over
     `triples` in one kernel (``tp_second``), which reads each row's operands once for both;
     see :func:`fuses_second` for when it runs."""
-    return _batched_backward(desc, arrays, "tp_second", Sums(triples, *pairs))
+    return _batched_backward(desc, arrays, "tp_second", Sums(triples, *pairs), config)
 
 
-def _batched_backward(desc, arrays, kind: str, sums: Sums):
+def _batched_backward(desc, arrays, kind: str, sums: Sums, config: Config):
     """The results of a batched backward `kind`: the gradients `sums` asks for, then
     ``tp_second``'s forward sum."""
     x, _, w = arrays[:3]
     n = x.shape[0]
     d1, d2, dout = desc.dims
     shared = w.ndim == 1
-    k = kernel(desc, x.dtype, kind, sums, shared)
+    k = kernel(desc, x.dtype, kind, sums, shared, config)
     blocks = -(-n // k.chunk)
     shapes = [(n, d1), (k.groups, n, d2), (blocks, desc.weight_numel) if shared else (n, desc.weight_numel)]
     outs = [_struct(s, x.dtype) for s, need in zip(shapes, sums.needs) if need]
@@ -248,24 +156,25 @@ def _batched_backward(desc, arrays, kind: str, sums: Sums):
     return (*gradients, results[-1]) if fused else gradients
 
 
-def fuses_second(desc, dtype, triples, pairs, shared: bool = False) -> bool:
+def fuses_second(desc, dtype, triples, pairs, shared: bool = False, config: Config = DEFAULT) -> bool:
     """Whether the double backward's ``dgz`` (`triples`) and gradients (`pairs`) run as one
-    kernel (:func:`second_sum`, ``Config.fused_second_order``) rather than two: both wanted,
-    every output segment of `desc` reached from one ``x`` segment
-    (:func:`~.schedule.outputs_follow_x`), and the fused kernel spilling at most
-    :data:`FUSED_SPILL_BYTES` (it is then built, once)."""
-    if not (triples and any(pairs) and schedule.DEFAULT.fused_second_order and schedule.outputs_follow_x(desc)):
+    kernel (:func:`second_sum`) rather than two: both wanted, every output segment of `desc`
+    reached from one ``x`` segment (:func:`~.schedule.outputs_follow_x`), and the fused kernel
+    spilling at most :data:`FUSED_SPILL_BYTES` (it is then built, once). One kernel reads each
+    row once, and was the faster on every product measured; the two-kernel alternative stays
+    only for products the fused one cannot run (docs/tuning.md#schedule-fused_second_order)."""
+    if not (triples and any(pairs) and schedule.outputs_follow_x(desc)):
         return False
-    k = kernel(desc, dtype, "tp_second", Sums(triples, *pairs), shared)
+    k = kernel(desc, dtype, "tp_second", Sums(triples, *pairs), shared, config)
     return build.resources(build.cubin(k.source))["spill_stores"] <= FUSED_SPILL_BYTES
 
 
-def forward(desc, x, y, w):
-    return forward_sum(desc, (x, y, w))
+def forward(desc, x, y, w, config: Config = DEFAULT):
+    return forward_sum(desc, (x, y, w), config=config)
 
 
-def backward(desc, x, y, w, gz, needs=(True, True, True)):
-    return backward_sum(desc, (x, y, w, gz), Sums.gradients(needs).pairs)
+def backward(desc, x, y, w, gz, needs=(True, True, True), config: Config = DEFAULT):
+    return backward_sum(desc, (x, y, w, gz), Sums.gradients(needs).pairs, config)
 
 
 def _parts(offsets, graph) -> RowParts:
@@ -281,11 +190,11 @@ def _conv_call(k, arrays, graph, parts: RowParts, order, other, outs, zero):
     return _call(k, arrays, outs, parts.num_parts * k.groups, scalars, indices, zero)
 
 
-def conv_forward_sum(desc, arrays, graph, triples=FORWARD.out):
+def conv_forward_sum(desc, arrays, graph, triples=FORWARD.out, config: Config = DEFAULT):
     """:func:`forward_sum` of the fused convolution over `graph`: ``x``-like rows gathered by
     sender, the sums of each receiver's edges (hubs in parts, their partial sums added after)."""
     x, _, w = arrays[:3]
-    k = kernel(desc, x.dtype, "conv_forward", Sums(triples, (), (), ()), shared=w.ndim == 1)
+    k = kernel(desc, x.dtype, "conv_forward", Sums(triples, (), (), ()), w.ndim == 1, config)
     parts = _parts(graph.receiver_offsets, graph)
     outs = [_struct((graph.num_nodes, desc.dims[2]), x.dtype), _struct((max(1, parts.num_extras), desc.dims[2]), x.dtype)]
     zero = (0, 1) if untouched(desc)[2] else ()
@@ -293,7 +202,7 @@ def conv_forward_sum(desc, arrays, graph, triples=FORWARD.out):
     return add_extras(out, extras, parts.firsts)
 
 
-def conv_backward_sum(desc, arrays, graph, pairs, atomic: bool = False):
+def conv_backward_sum(desc, arrays, graph, pairs, atomic: bool = False, config: Config = DEFAULT):
     """:func:`backward_sum` of the fused convolution over `graph`: ``gx`` per sender, ``gy``
     and ``gw`` per edge. `atomic`: from a receiver walk that adds ``gx`` with atomics (fewer
     bytes through L2, not bitwise deterministic; ``codegen``'s ``conv_atomic_backward``)."""
@@ -301,7 +210,7 @@ def conv_backward_sum(desc, arrays, graph, pairs, atomic: bool = False):
     d1, d2, _ = desc.dims
     shared = w.ndim == 1
     sums = Sums((), *pairs)
-    k = kernel(desc, x.dtype, "conv_atomic_backward" if atomic else "conv_backward", sums, shared)
+    k = kernel(desc, x.dtype, "conv_atomic_backward" if atomic else "conv_backward", sums, shared, config)
     ns, e = graph.num_senders, graph.num_edges
     if atomic:  # the receivers' CSR with the dropped edges as a last row
         offsets = jnp.concatenate([graph.receiver_offsets, jnp.full(graph.receiver_offsets.shape[:-1] + (1,), e, jnp.int32)], -1)
@@ -323,9 +232,9 @@ def conv_backward_sum(desc, arrays, graph, pairs, atomic: bool = False):
     return _gradients(k, sums.needs, results, shared)
 
 
-def conv_forward(desc, x, y, w, graph):
-    return conv_forward_sum(desc, (x, y, w), graph)
+def conv_forward(desc, x, y, w, graph, config: Config = DEFAULT):
+    return conv_forward_sum(desc, (x, y, w), graph, config=config)
 
 
-def conv_backward(desc, x, y, w, gout, graph, needs=(True, True, True), atomic: bool = False):
-    return conv_backward_sum(desc, (x, y, w, gout), graph, Sums.gradients(needs).pairs, atomic)
+def conv_backward(desc, x, y, w, gout, graph, needs=(True, True, True), atomic: bool = False, config: Config = DEFAULT):
+    return conv_backward_sum(desc, (x, y, w, gout), graph, Sums.gradients(needs).pairs, atomic, config)

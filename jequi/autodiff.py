@@ -140,6 +140,30 @@ class Kernels:
         return f"Kernels({self.name})"
 
 
+def composed_second(forward: Callable, backward: Callable) -> Callable:
+    """``second(spec, arrays, *aux)`` from ``forward`` and ``backward`` calls, one per term:
+    for a backend without a fused one (and for sums a fused rule does not cover)."""
+
+    def second(spec: SecondOrder, arrays, *aux):
+        def total(values):
+            return functools.reduce(jnp.add, values) if values else None
+
+        def gradient(slot, pairs):
+            values = []
+            for pair in pairs:
+                operands = list(arrays[:3])
+                for s, pos in zip([s for s in (X, Y, W) if s != slot], pair):
+                    operands[s] = arrays[pos]
+                needs = tuple(s == slot for s in (X, Y, W))
+                values.append(backward(*operands, arrays[GZ], *aux, needs=needs)[slot])
+            return total(values)
+
+        dgz = total([forward(*(arrays[p] for p in triple), *aux) for triple in spec.dgz])
+        return (*(gradient(slot, pairs) for slot, pairs in zip((X, Y, W), spec.pairs)), dgz)
+
+    return second
+
+
 class Term(NamedTuple):
     """One term of an output: for each slot ``(x, y, w, z)`` the index of the array in it.
     The output's own slot holds a *context*: an array of that slot's shape that the kernel

@@ -21,10 +21,9 @@ from .irreps import Irreps, as_irreps
 @functools.lru_cache(maxsize=512)
 def _tp_kernels(desc: TensorProductDescriptor, backend: str) -> autodiff.Kernels:
     b = backends.BACKENDS[backend]
-    return autodiff.Kernels(
-        functools.partial(b.forward, desc), functools.partial(b.backward, desc), functools.partial(b.second, desc),
-        name=f"{backend}: {desc}",
-    )
+    forward, backward = functools.partial(b.forward, desc), functools.partial(b.backward, desc)
+    second = functools.partial(b.second, desc) if b.second else autodiff.composed_second(forward, backward)
+    return autodiff.Kernels(forward, backward, second, name=f"{backend}: {desc}")
 
 
 @functools.lru_cache(maxsize=512)
@@ -35,12 +34,17 @@ def _conv_kernels(desc: TensorProductDescriptor, backend: str, static: tuple, ka
     def unpack(arrays):
         return graph_lib.Graph.from_index_arrays(arrays, static)
 
-    return autodiff.Kernels(
-        lambda x, y, w, *g: b.conv_forward(desc, x, y, w, unpack(g), **options),
-        lambda x, y, w, gout, *g, needs: b.conv_backward(desc, x, y, w, gout, unpack(g), needs=needs, **options),
-        lambda spec, arrays, *g: b.conv_second(desc, spec, arrays, unpack(g), **options),
-        name=f"{backend} conv{' kahan' if kahan else ''}: {desc}",
-    )
+    def forward(x, y, w, *g):
+        return b.conv_forward(desc, x, y, w, unpack(g), **options)
+
+    def backward(x, y, w, gout, *g, needs):
+        return b.conv_backward(desc, x, y, w, gout, unpack(g), needs=needs, **options)
+
+    def second(spec, arrays, *g):
+        return b.conv_second(desc, spec, arrays, unpack(g), **options)
+
+    second = second if b.conv_second else autodiff.composed_second(forward, backward)
+    return autodiff.Kernels(forward, backward, second, name=f"{backend} conv{' kahan' if kahan else ''}: {desc}")
 
 
 def _unwrap(value, irreps: Irreps, name: str):

@@ -5,16 +5,16 @@
 
 * :func:`conv_forward` walks receivers: a program owns a part of a receiver's edges (the
   whole row unless it is a hub or the graph is small, :func:`split_rows`) and a group of
-  output segments (:func:`conv_output_groups`), loops over its edges in receiver order (a
+  output segments (:func:`.heuristics.conv_output_groups`), loops over its edges in receiver order (a
   dynamic-length loop), computes each edge's product with the generated instruction stream
-  of :mod:`.tensor_product`, keeps the sum in registers and writes it once; the parts of a
+  of :mod:`.row_code`, keeps the sum in registers and writes it once; the parts of a
   split row are added in a fixed order after (:func:`add_extras`). No per-edge output buffer,
   no atomics: the summation order is fixed by the graph, so results are bitwise reproducible.
 * :func:`conv_backward` walks senders (in parts, as the forward) through the transpose order, and
   the parts of the dropped edges (out-of-range indices) to zero their gradients: for each edge it writes
   ``gy[e]`` and ``gw[e]`` (per-edge, no reduction) and adds the edge's ``gx`` contribution
   to the sender's sum, written once. One kernel (programs split by ``x`` segment and by
-  chunks of its paths, :func:`backward_programs`; a partial ``gy`` each),
+  chunks of its paths, :func:`.heuristics.conv_backward_programs`; a partial ``gy`` each),
   deterministic, no ``|E| x in1.dim`` buffer. It reads a copy of the
   output cotangent in the ``ir_mul`` layout (:data:`COTANGENT_LAYOUT`).
 
@@ -37,31 +37,13 @@ from jequi.descriptor import layout_positions
 
 from jequi.graph import RowParts, part_edges, row_parts
 
-from . import tensor_product
+from .config import DEFAULT, Config
+from .heuristics import chained_forward, conv_backward_programs, conv_forward_warps, conv_output_groups, fill_edges, num_warps
 from .lowering import on_gpu, pallas_call
-from .tensor_product import (
-    ALL,
-    _iota,
-    FORWARD_TERMS,
-    Row,
-    add_parts,
-    backward_row,
-    backward_terms,
-    channelwise,
-    forward_values,
-    inactive_paths,
-    input_groups,
-    needed_outputs,
-    num_warps,
-    output_groups,
-    pairs_of,
-    row_refs,
-    slots,
-    storer,
-    used_positions,
-    widest_chunk,
-    zero_weights,
-)
+from .row_code import (
+    ALL, FORWARD_TERMS, Row, add_parts, backward_row, backward_terms, chunks, forward_values, inactive_paths, iota,
+    needed_outputs, pairs_of, row_refs, slots, storer, used_positions, zero_weights,
+)  # fmt: skip
 
 
 def _kahan_add(acc, comp, values):
@@ -76,65 +58,33 @@ def _kahan_add(acc, comp, values):
     return new_acc, new_comp
 
 
-# Schedule knobs (benchmarks/tune_conv.py sweeps them). 1, 2 or 4 edges per step and 32, 64 or
-# 128 accumulators per thread ran about alike, so the cheapest to compile is the default; letting
-# Triton software-pipeline the edge loop (num_stages 2 or 3 instead of 1) changed neither
-# (docs/tuning.md#conv-edges_per_step).
-EDGES_PER_STEP = 1
-
-
+# One edge per loop step: 2 or 4 edges per step (their loads overlapping) ran about alike and
+# compiled several times slower, and letting Triton software-pipeline the loop changed nothing;
+# the unrolled steps were removed (docs/tuning.md#conv-edges_per_step).
 def _edge_loop(start, end, body, init, kahan):
     """`init` plus the values of the edges ``k in [start, end)`` (lists of vectors):
     ``body(k, acc)`` returns `acc` plus edge k's values (its multiply-adds start from the
-    running sum), or with `kahan` ``body(k, None)`` the values alone, added here compensated.
-    :data:`EDGES_PER_STEP` edges per loop step (their loads overlap), then the remainder."""
+    running sum), or with `kahan` ``body(k, None)`` the values alone, added here compensated."""
 
-    def step(edges):
-        def run(i, carry):
-            acc, comp = carry
-            for k in edges(i):
-                if kahan:
-                    acc, comp = _kahan_add(acc, comp, body(k, None))
-                else:
-                    acc = body(k, acc)
-            return acc, comp
-
-        return run
+    def step(k, carry):
+        acc, comp = carry
+        if kahan:
+            acc, comp = _kahan_add(acc, comp, body(k, None))
+        else:
+            acc = body(k, acc)
+        return acc, comp
 
     comp0 = [jnp.zeros_like(v) for v in init] if kahan else []
-    carry = (init, comp0)
-    u = EDGES_PER_STEP
-    if u > 1:
-        steps = (end - start) // u
-        carry = jax.lax.fori_loop(0, steps, step(lambda i: [start + u * i + j for j in range(u)]), carry)
-        start = start + u * steps
-    acc, comp = jax.lax.fori_loop(start, end, step(lambda k: [k]), carry)
+    acc, comp = jax.lax.fori_loop(start, end, step, (init, comp0))
     return [a + c for a, c in zip(acc, comp)] if kahan else acc
 
 
-# 32-bit registers per thread for a forward program's sums (a float64 sum takes two); the
-# other outputs go to other programs (:func:`conv_output_groups`). 64 was the fastest in
-# float64, and float32 is indifferent (docs/tuning.md#conv-accumulator_registers).
-ACCUMULATOR_REGISTERS = 64
-
-# Rows of a graph too small to fill the GPU (a few hundred rows for 132 SMs) are split further:
-# :func:`fill_edges` lowers the most edges per part (:func:`jequi.graph.part_edges`) until the
-# grid has about FILL_WARPS warps, half of what the GPU holds resident; splitting measured faster
-# on small batches (benchmarks/results/2026-11-21-h200-tune.md).
-FILL_WARPS = 4096
-
-
-def fill_edges(num_edges: int, programs_per_part: int, warps: int) -> int:
-    """Edges per part that give the grid about :data:`FILL_WARPS` warps."""
-    return -(-num_edges * programs_per_part * warps // FILL_WARPS)
-
-
-def split_rows(offsets, num_edges: int, programs_per_part: int, warps: int, kahan: bool = False) -> RowParts:
+def split_rows(offsets, num_edges: int, programs_per_part: int, warps: int, kahan: bool, config: Config) -> RowParts:
     """The parts a conv kernel walks (:func:`jequi.graph.row_parts`): hubs split, and rows split
-    further on a graph too small to fill the GPU (:func:`fill_edges`); with `kahan` whole rows,
+    further on a graph too small to fill the GPU (:func:`.heuristics.fill_edges`); with `kahan` whole rows,
     since the fixup's plain sum of the parts would lose what the compensated sums gained."""
     num_rows = offsets.shape[-1] - 1
-    most = part_edges(num_rows, num_edges, fill_edges(num_edges, programs_per_part, warps))
+    most = part_edges(num_rows, num_edges, fill_edges(num_edges, programs_per_part, warps, config))
     return row_parts(offsets, num_edges, max(num_edges, 1) if kahan else most)
 
 
@@ -158,7 +108,7 @@ def add_extras_kernel(out, extras, firsts):
     """:func:`add_extras` as a Pallas kernel: a program per row and block of columns, in place;
     rows of one part return at once."""
     num_rows, d = out.shape
-    pieces = tensor_product.chunks(d)
+    pieces = chunks(d)
     blocks = [pieces[i : i + FIXUP_PIECES] for i in range(0, len(pieces), FIXUP_PIECES)]
 
     def kernel(firsts_ref, out_ref, extras_ref, o_ref):
@@ -169,11 +119,11 @@ def add_extras_kernel(out, extras, firsts):
             @pl.when((block == bi) & (hi > lo))
             def _():
                 def add(k, acc):
-                    return [a + extras_ref[k * d + _iota(np.arange(c0, c0 + cs))] for a, (c0, cs) in zip(acc, cols)]
+                    return [a + extras_ref[k * d + iota(np.arange(c0, c0 + cs))] for a, (c0, cs) in zip(acc, cols)]
 
-                init = [out_ref[r * d + _iota(np.arange(c0, c0 + cs))] for c0, cs in cols]
+                init = [out_ref[r * d + iota(np.arange(c0, c0 + cs))] for c0, cs in cols]
                 for (c0, cs), value in zip(cols, jax.lax.fori_loop(lo, hi, add, init)):
-                    o_ref[r * d + _iota(np.arange(c0, c0 + cs))] = value
+                    o_ref[r * d + iota(np.arange(c0, c0 + cs))] = value
 
     out = pallas_call(
         kernel, jax.ShapeDtypeStruct((num_rows * d,), out.dtype), (num_rows, len(blocks)), 4, name="jequi_conv_parts",
@@ -182,7 +132,7 @@ def add_extras_kernel(out, extras, firsts):
     return out.reshape(num_rows, d)
 
 
-# Column pieces (of at most 128 elements, :func:`~.tensor_product.chunks`) per fixup program.
+# Column pieces (of at most 128 elements, :func:`~.row_code.chunks`) per fixup program.
 FIXUP_PIECES = 8
 
 
@@ -190,86 +140,14 @@ def _extras_rows(parts: RowParts) -> int:
     return max(1, parts.num_extras)  # a kernel output has at least one row
 
 
-# Whether the forward's multiply-adds start from the running sums of the edge loop (each
-# product fused into the sum it feeds) or an edge's values are summed first and then added to
-# the running sums. None: chained in float64 only, where it was the faster; in float32 separate
-# sums were. The backward's gx starts from the running sums but with Kahan summation, which paid
-# (docs/tuning.md#conv-chained_forward).
-CHAINED_FORWARD: bool | None = None
-
-
-def conv_output_groups(desc, dtype) -> list[list[int]]:
-    """The forward's programs per receiver, as groups of output segments: the sums live in
-    registers for a whole edge loop, and a wide output would spill
-    (:data:`ACCUMULATOR_REGISTERS`)."""
-    return output_groups(desc, ACCUMULATOR_REGISTERS * 4 // jnp.dtype(dtype).itemsize, forward_warps(desc, dtype))
-
-
-def forward_warps(desc, dtype) -> int:
-    """Warps per forward program: :func:`~.tensor_product.num_warps`, but for a channelwise
-    product in ``ir_mul`` one warp, or two in float64 when it is at least 128 channels wide.
-    A program walks a whole row's edges, enough work per warp that one warp holding several
-    neighbouring channels per thread pays even where the batched forward prefers the width
-    rule. The sums get :data:`ACCUMULATOR_REGISTERS` per thread, and a float64 sum takes two:
-    one warp splits MACE-large's outputs over twice the programs of two, each repeating the
-    edge loop's index, x and y loads (docs/tuning.md#conv-forward_warps)."""
-    if tensor_product.FORWARD_WARPS is None and channelwise(desc) and desc.layout == "ir_mul":
-        return 2 if jnp.dtype(dtype) == jnp.float64 and widest_chunk(desc) >= 128 else 1
-    return num_warps(desc)
-
-
 # The backward reads, per edge, the output cotangent's row of the edge's receiver, a vector
 # per irrep component and channel chunk: strided by the irrep's dimension in ``mul_ir``,
-# contiguous in ``ir_mul``. It reads a copy of the cotangent in this layout (one pass over
-# num_nodes rows, outside the kernel): contiguous reads paid in both dtypes. The forward's
-# per-edge x gains nothing from it, nor does the backward from loading the sender's x once
-# before its edge loop instead of per edge (docs/tuning.md#conv-cotangent_layout).
+# contiguous in ``ir_mul``. It reads a copy of the cotangent in ``ir_mul`` (one pass over
+# num_nodes rows, outside the kernel): contiguous reads paid in both dtypes; reading it in
+# ``mul_ir`` was removed. The forward's per-edge x gains nothing from it, nor does the backward
+# from loading the sender's x once before its edge loop instead of per edge
+# (docs/tuning.md#conv-cotangent_layout).
 COTANGENT_LAYOUT = "ir_mul"
-
-
-# Backward programs per x segment (:func:`backward_programs`): None, the rule; a number forces
-# (at most) that many per segment (tune_conv.py --backward-chunks).
-BACKWARD_CHUNKS: int | None = None
-# A program loads about this many output cotangent elements per lane per edge, at most.
-COTANGENT_PER_THREAD = 32
-
-
-def _path_chunks(desc, paths, n: int) -> list[list]:
-    """`paths` in at most `n` non-empty lists, split by output segment into runs of about
-    equal output size (a segment goes where its midpoint falls): a program then loads only
-    its chunk's output cotangent."""
-    outs = sorted({p.i_out for p in paths})
-    total = sum(desc.out[s].size for s in outs)
-    chunk_of, size = {}, 0
-    for s in outs:
-        chunk_of[s] = min(n - 1, (2 * size + desc.out[s].size) * n // (2 * total))
-        size += desc.out[s].size
-    return [chunk for c in range(n) if (chunk := [p for p in paths if chunk_of[p.i_out] == c])]
-
-
-def backward_programs(desc) -> tuple[list[tuple[list[int], list, int, int]], int]:
-    """``(programs, partials)``: the backward's programs per sender as ``(in1 segments, paths,
-    chunk, chunks of the group)``, each :func:`input_groups` group split into chunks of its
-    paths by output segment, and the number of partial ``gx`` they write (chunk ``c`` writes
-    partial ``c`` of its segments; chunk 0 writes zeros into the partials its group has no
-    chunk for).
-
-    Chunks per group: as many as its output cotangent needs at :data:`COTANGENT_PER_THREAD`
-    elements per lane, in either dtype (2, 3 and 4 for MACE-large's three x segments). The
-    backward runs one warp per program at the register limit: a smaller live set pays where
-    the extra programs' repeated per-edge work (indices, x and y, the gy lane sums and
-    partials) costs less than it saves (docs/tuning.md#conv-backward_programs)."""
-    lanes = 32 * num_warps(desc, backward=True)
-    programs, partials = [], 1
-    for segments, paths in input_groups(desc):
-        size = sum(desc.out[s].size for s in {p.i_out for p in paths})
-        n = BACKWARD_CHUNKS
-        if n is None:
-            n = -(-size // (lanes * COTANGENT_PER_THREAD))
-        chunks = _path_chunks(desc, paths, max(1, n)) if paths else [[]]
-        programs.extend((segments, chunk, c, len(chunks)) for c, chunk in enumerate(chunks))
-        partials = max(partials, len(chunks))
-    return programs, partials
 
 
 def _split_refs(used, refs, node_positions):
@@ -294,27 +172,27 @@ def _store_row(refs, slot, num_rows: int, width: int, values, idx_list):
                 store(idx, value)
 
 
-@functools.partial(jax.jit, static_argnames=("desc", "terms", "edges_sorted", "kahan"))
+@functools.partial(jax.jit, static_argnames=("desc", "terms", "edges_sorted", "kahan", "config"))
 def conv_forward_sum(
     desc, arrays, receiver_senders, receiver_order, receiver_offsets, *, terms=FORWARD_TERMS,
-    edges_sorted: bool = False, kahan: bool = False,
+    edges_sorted: bool = False, kahan: bool = False, config: Config = DEFAULT,
 ):  # fmt: skip
     """``out (num_nodes, out.dim)``, the conv of the sum of the trilinear `terms` (positions
-    in `arrays`, as :func:`~pallas_kernels.tensor_product.forward_sum`): ``x``-like arrays
+    in `arrays`, as :func:`~pallas_kernels.per_row.forward_sum`): ``x``-like arrays
     are per node (read at the edge's sender), ``y``- and ``w``-like ones per edge. The index
     arrays as in :class:`jequi.Graph` (``edges_sorted``: ``receiver_order`` is the identity
     and is not read). A program owns a part of a receiver's edges (:func:`split_rows`) and a
-    group of output segments (:func:`conv_output_groups`)."""
+    group of output segments (:func:`.heuristics.conv_output_groups`)."""
     do = desc.dims[2]
     used = used_positions(terms)
     node_positions = {i for i, _, _ in terms}
     num_edges = arrays[terms[0][1]].shape[0]
     dtype = arrays[terms[0][0]].dtype
-    warps = forward_warps(desc, dtype)
-    groups = conv_output_groups(desc, dtype)
-    parts = split_rows(receiver_offsets, num_edges, len(groups), warps, kahan)
+    warps = conv_forward_warps(desc, dtype, config)
+    groups = conv_output_groups(desc, dtype, config)
+    parts = split_rows(receiver_offsets, num_edges, len(groups), warps, kahan, config)
     num_nodes = parts.num_rows
-    chained = jnp.dtype(dtype) == jnp.float64 if CHAINED_FORWARD is None else CHAINED_FORWARD
+    chained = chained_forward(dtype, config)
 
     def kernel(*refs):
         s_ref, order_ref, off_ref, slot_ref, z_ref, extras_ref = refs[len(used) :]
@@ -349,18 +227,18 @@ def conv_forward(desc, x, y, w, receiver_senders, receiver_order, receiver_offse
     return conv_forward_sum(desc, (x, y, w), receiver_senders, receiver_order, receiver_offsets, **options)
 
 
-@functools.partial(jax.jit, static_argnames=("desc", "terms", "shared_weights", "kahan"))
+@functools.partial(jax.jit, static_argnames=("desc", "terms", "shared_weights", "kahan", "config"))
 def conv_backward_sum(
     desc, gout, arrays, sender_receivers, sender_order, sender_offsets, *, terms, shared_weights: bool,
-    kahan: bool = False,
+    kahan: bool = False, config: Config = DEFAULT,
 ):  # fmt: skip
     """``(gx, gy, gw)`` of the conv for the output cotangent ``gout``, each the sum over its
     pairs in ``terms = (gx pairs, gy pairs, gw pairs)`` (positions in `arrays`, as
-    :func:`~pallas_kernels.tensor_product.backward_sum`; ``x``-like arrays per node, the
+    :func:`~pallas_kernels.per_row.backward_sum`; ``x``-like arrays per node, the
     others per edge), None for a gradient without pairs; the index arrays as in
     :class:`jequi.Graph` (the last bucket of ``sender_offsets`` holds the dropped edges, which
     get zero ``gy`` and ``gw``). A program owns a part of a sender's edges (or of the dropped
-    edges; :func:`split_rows`) and a :func:`backward_programs` entry (an x segment's chunk of
+    edges; :func:`split_rows`) and a :func:`.heuristics.conv_backward_programs` entry (an x segment's chunk of
     paths); each group writes its own partial ``gy`` and each chunk its own partial ``gx``,
     summed here. With `shared_weights`, ``gw`` is summed over edges."""
     used = used_positions(pair for pairs in terms for pair in pairs)
@@ -375,10 +253,10 @@ def conv_backward_sum(
     dtype = gout.dtype
     needs = tuple(bool(pairs) for pairs in terms)
     in2_slots = slots(desc.in2)
-    groups, partials = backward_programs(desc)
+    groups, partials = conv_backward_programs(desc, config)
     inactive = inactive_paths(desc) if needs[2] else []
-    warps = num_warps(desc, backward=True)
-    parts = split_rows(sender_offsets, num_edges, len(groups), warps, kahan)
+    warps = num_warps(desc, config, backward=True)
+    parts = split_rows(sender_offsets, num_edges, len(groups), warps, kahan, config)
     extras_rows = _extras_rows(parts)
     shapes, unpack = needed_outputs(
         needs,
@@ -414,7 +292,7 @@ def conv_backward_sum(
                     store_gw = None if gw_ref is None else storer(gw_ref, e * nw)
                     gx, gy = backward_row(
                         desc, Row(g_ref, r_ref[k] * do, g_positions), pairs_of(terms, rows), store_gw, paths,
-                        gx_start=(in1, () if acc is None else acc),
+                        gx_start=(in1, () if acc is None else acc), tile_min_lanes=config.tile_min_lanes,
                     )  # fmt: skip
                     if gi == 0:
                         zero_weights(inactive, store_gw, dtype)
@@ -468,10 +346,12 @@ def conv_backward_sum(
     return gx, gy, gw
 
 
-def conv_backward(desc, x, y, w, gout, sender_receivers, sender_order, sender_offsets, *, needs=ALL, kahan=False):
+def conv_backward(
+    desc, x, y, w, gout, sender_receivers, sender_order, sender_offsets, *, needs=ALL, kahan=False, config=DEFAULT
+):
     """``(gx, gy, gw)`` of :func:`conv_forward` for the output cotangent ``gout``, None for
     those not flagged in `needs`."""
     return conv_backward_sum(
         desc, gout, (x, y, w), sender_receivers, sender_order, sender_offsets, terms=backward_terms(needs),
-        shared_weights=w.ndim == 1, kahan=kahan,
+        shared_weights=w.ndim == 1, kahan=kahan, config=config,
     )  # fmt: skip

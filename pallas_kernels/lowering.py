@@ -15,7 +15,9 @@ CPU: ``interpret=True`` (the same kernels, slowly, for tests).
 Multiply-adds: the Triton kernels are compiled by XLA, whose NVPTX backend does not contract
 ``a * b + c`` into a fused multiply-add (no ``FFMA`` in the SASS of the conv kernels, only
 ``FMUL`` and ``FADD``). :func:`fma` emits ``fma.rn`` as inline PTX: contracted multiply-adds
-made the conv faster (docs/tuning.md#lowering-fused-multiply-adds).
+made the conv faster (docs/tuning.md#lowering-fused-multiply-adds); the switch that turned
+them off everywhere was removed (:func:`multiply_adds` keeps them apart per kernel, as
+``Config.fused_forward`` says).
 """
 
 from __future__ import annotations
@@ -36,8 +38,6 @@ def on_gpu() -> bool:
     return jax.default_backend() == "gpu"
 
 
-# Whether :func:`fma` emits the fused instruction (a knob for A/B runs: tune_conv.py --fma).
-FUSED_MULTIPLY_ADD = True
 _fused = [True]  # the innermost multiply_adds() setting
 _FMA_PTX = {jnp.dtype(jnp.float32): ("fma.rn.f32 $0, $1, $2, $3;", "=f,f,f,f"),
             jnp.dtype(jnp.float64): ("fma.rn.f64 $0, $1, $2, $3;", "=d,d,d,d")}  # fmt: skip
@@ -62,7 +62,7 @@ def fma(a, b, c):
     broadcast against it."""
     shape = np.broadcast_shapes(*(np.shape(v) for v in (a, b, c)))
     dtype = jnp.result_type(c)
-    if not (FUSED_MULTIPLY_ADD and _fused[-1] and on_gpu() and shape and dtype in _FMA_PTX):
+    if not (_fused[-1] and on_gpu() and shape and dtype in _FMA_PTX):
         return a * b + c
     asm, constraints = _FMA_PTX[dtype]
     args = [jnp.broadcast_to(jnp.asarray(v, dtype), shape) for v in (a, b, c)]

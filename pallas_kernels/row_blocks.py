@@ -1,12 +1,12 @@
 """Pallas kernels for products of one-channel inputs: a program computes a block of rows side
 by side.
 
-:mod:`.tensor_product`'s batched kernels vectorize a row over its channels and walk a
+:mod:`.per_row`'s batched kernels vectorize a row over its channels and walk a
 program's rows one after the other. A ``uvw`` product whose ``x`` and ``y`` segments have one
 channel each (spherical harmonics times spherical harmonics, as in e3nn's tetris-poly) leaves
 them one-element vectors: every CG contraction is a scalar chain, and only the output
-channels of a row are vectors. Here a program owns a block of rows (:data:`FORWARD_ROWS`,
-:data:`BACKWARD_ROWS`) side by side: each per-row scalar (an input component, a contraction
+channels of a row are vectors. Here a program owns a block of rows (``Config.block_forward_rows``,
+``block_backward_rows``) side by side: each per-row scalar (an input component, a contraction
 ``t[k] = sum c_ijk x[i] y[j]``) is a vector over the rows, and each run of output channels a
 ``(rows, channels)`` tile.
 
@@ -17,7 +17,7 @@ channels of a row are vectors. Here a program owns a block of rows (:data:`FORWA
   ``gy``; ``gw[:, w] = sum_k t[:, k] gz[:, w, k]``.
 
 Both compute sums of trilinear terms (the fused double backward's too), as the kernels of
-:mod:`.tensor_product` do, with the same signatures. Rows past the end are clamped onto the
+:mod:`.per_row` do, with the same signatures. Rows past the end are clamped onto the
 last row: those lanes recompute it and store the same values again.
 """
 
@@ -30,21 +30,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import pallas as pl
 
+from .config import DEFAULT, Config
+from .heuristics import block_backward_rows
 from .lowering import pallas_call
-from .tensor_product import (
-    FORWARD_TERMS, _add, _cg_terms, _contract_x, _contract_y, _dot, _iota, _key, _sum, chunks, inactive_paths,
-    needed_outputs, used_positions, weight_gradient, zero_weights,
+from .row_code import (
+    FORWARD_TERMS, add, cg_terms, chunks, contract_x, contract_y, dot, inactive_paths, iota, key, needed_outputs,
+    sum_of, used_positions, weight_gradient, zero_weights,
 )  # fmt: skip
-
-# Rows and warps per program (knobs for benchmarks/tune_conv.py --forward-block-rows,
-# --forward-block-warps, --backward-block-rows, --backward-block-warps): the defaults were the
-# fastest on tetris-poly-1, or close to it, and beat tensor_product's per-row kernels
-# (docs/tuning.md#row_blocks-rows-and-warps-per-program). The backward's rows: None, 128 bytes
-# of values (32 float32, 16 float64).
-FORWARD_ROWS = 16
-FORWARD_WARPS = 8
-BACKWARD_ROWS: int | None = None
-BACKWARD_WARPS = 4
 
 
 def applies(desc) -> bool:
@@ -76,22 +68,22 @@ class Block:
     def tile(self, positions: np.ndarray):
         """Elements `positions` (a static vector) of every row: a ``(rows, n)`` tile; of a
         shared ref, an ``(n,)`` vector (which broadcasts against the tiles)."""
-        key = _key(np.asarray(positions))
-        if key not in self.cache:
-            idx = _iota(positions)
+        at = key(np.asarray(positions))
+        if at not in self.cache:
+            idx = iota(positions)
             shared = self.width is None
-            self.cache[key] = self.ref[idx] if shared else self.ref[self.rows[:, None] * self.width + idx[None, :]]
-        return self.cache[key]
+            self.cache[at] = self.ref[idx] if shared else self.ref[self.rows[:, None] * self.width + idx[None, :]]
+        return self.cache[at]
 
 
 def _store_tile(ref, rows, width: int, positions, value):
-    ref[rows[:, None] * width + _iota(positions)[None, :]] = value
+    ref[rows[:, None] * width + iota(positions)[None, :]] = value
 
 
 def _path_operands(desc, p):
     """Per path: the flat positions of its (one-channel) ``x`` and ``y`` components, and its
     nonzero coefficients."""
-    return desc.in1[p.i_in1].index()[0], desc.in2[p.i_in2].index()[0], _cg_terms(p)
+    return desc.in1[p.i_in1].index()[0], desc.in2[p.i_in2].index()[0], cg_terms(p)
 
 
 def _weight_chunks(p):
@@ -101,7 +93,7 @@ def _weight_chunks(p):
 
 def _contraction(terms, x1, y1, bx: Block, by: Block) -> dict:
     """``t[k] = sum c_ijk x[i] y[j]`` of one row pair (vectors over rows)."""
-    return _contract_x(_contract_y(terms, lambda j: by.column(y1[j])), lambda i: bx.column(x1[i]))
+    return contract_x(contract_y(terms, lambda j: by.column(y1[j])), lambda i: bx.column(x1[i]))
 
 
 def _forward_segment(desc, s: int, triples, rows_per_block: int, dtype):
@@ -119,7 +111,7 @@ def _forward_segment(desc, s: int, triples, rows_per_block: int, dtype):
             t = _contraction(terms, x1, y1, bx, by)
             for c0, _, positions in _weight_chunks(p):
                 for k, tk in t.items():
-                    acc[c0, k] = _dot([(bw.tile(positions), tk[:, None])], start=acc.get((c0, k)))
+                    acc[c0, k] = dot([(bw.tile(positions), tk[:, None])], start=acc.get((c0, k)))
     for c0, cs in chunks(seg.mul):
         for k in range(seg.ir_dim):
             yield index[c0 : c0 + cs, k], acc[c0, k] if (c0, k) in acc else jnp.zeros((rows_per_block, cs), dtype)
@@ -130,16 +122,15 @@ def _blocks(arrays, refs: dict, rows) -> dict:
     return {a: Block(ref, rows, None if arrays[a].ndim == 1 else arrays[a].shape[1]) for a, ref in refs.items()}
 
 
-@functools.partial(jax.jit, static_argnames=("desc", "terms"))
-def forward_sum(desc, arrays, *, terms=FORWARD_TERMS):
-    """:func:`.tensor_product.forward_sum` of a product :func:`applies` holds for (its
-    multiply-adds always fused, :data:`.tensor_product.FUSED_FORWARD` aside: not measured
-    apart here)."""
+@functools.partial(jax.jit, static_argnames=("desc", "terms", "config"))
+def forward_sum(desc, arrays, *, terms=FORWARD_TERMS, config: Config = DEFAULT):
+    """:func:`.per_row.forward_sum` of a product :func:`applies` holds for (its multiply-adds
+    always fused, ``Config.fused_forward`` aside: not measured apart here)."""
     used = used_positions(terms)
     n = arrays[terms[0][0]].shape[0]
     do = desc.dims[2]
     dtype = arrays[terms[0][0]].dtype
-    rows_per_block = FORWARD_ROWS
+    rows_per_block = config.block_forward_rows
 
     def kernel(*refs):
         *in_refs, z_ref = refs
@@ -151,7 +142,7 @@ def forward_sum(desc, arrays, *, terms=FORWARD_TERMS):
                 _store_tile(z_ref, rows, do, positions, tile)
 
     z = pallas_call(
-        kernel, jax.ShapeDtypeStruct((n * do,), dtype), (pl.cdiv(n, rows_per_block),), FORWARD_WARPS,
+        kernel, jax.ShapeDtypeStruct((n * do,), dtype), (pl.cdiv(n, rows_per_block),), config.block_forward_warps,
         name="jequi_tp_rows_fwd",
     )(*(arrays[a].reshape(-1) for a in used))
     return z.reshape(n, do)
@@ -170,27 +161,27 @@ def _backward_path(desc, p, gz: Block, pairs, gx: dict, gy: dict, store_gw):
         t = {}
         for bx, by in gw_pairs:
             for k, value in _contraction(terms, x1, y1, bx, by).items():
-                t[k] = _add(t.get(k), value)
+                t[k] = add(t.get(k), value)
         for c0, cs, positions in weights:
             zeros = lambda: jnp.zeros((gz.rows.shape[0], cs), gz.ref.dtype)  # noqa: E731
-            store_gw(positions, _dot(((t[k][:, None], g[c0, k]) for k in t), zeros))
+            store_gw(positions, dot(((t[k][:, None], g[c0, k]) for k in t), zeros))
     # the cotangent pulled back through the weights: a vector over rows per component k
     h = {
-        bw: {k: _sum(jnp.sum(bw.tile(pos) * g[c0, k], axis=1) for c0, _, pos in weights) for k in ks}
+        bw: {k: sum_of(jnp.sum(bw.tile(pos) * g[c0, k], axis=1) for c0, _, pos in weights) for k in ks}
         for bw in dict.fromkeys(bw for _, bw in gx_pairs + gy_pairs)
     }
     for by, bw in gx_pairs:  # gx[i] += sum_{j, k} c y[j] h[k]
-        for (i, k), value in _contract_y(terms, lambda j, by=by: by.column(y1[j])).items():
-            gx[int(x1[i])] = _dot([(value, h[bw][k])], start=gx.get(int(x1[i])))
+        for (i, k), value in contract_y(terms, lambda j, by=by: by.column(y1[j])).items():
+            gx[int(x1[i])] = dot([(value, h[bw][k])], start=gx.get(int(x1[i])))
     swapped = [(j, i, k, c) for i, j, k, c in terms]
     for bx, bw in gy_pairs:  # gy[j] += sum_{i, k} c x[i] h[k]
-        for (j, k), value in _contract_y(swapped, lambda i, bx=bx: bx.column(x1[i])).items():
-            gy[int(y1[j])] = _dot([(value, h[bw][k])], start=gy.get(int(y1[j])))
+        for (j, k), value in contract_y(swapped, lambda i, bx=bx: bx.column(x1[i])).items():
+            gy[int(y1[j])] = dot([(value, h[bw][k])], start=gy.get(int(y1[j])))
 
 
-@functools.partial(jax.jit, static_argnames=("desc", "terms", "shared_weights"))
-def backward_sum(desc, g, arrays, *, terms, shared_weights: bool):
-    """:func:`.tensor_product.backward_sum` of a product :func:`applies` holds for."""
+@functools.partial(jax.jit, static_argnames=("desc", "terms", "shared_weights", "config"))
+def backward_sum(desc, g, arrays, *, terms, shared_weights: bool, config: Config = DEFAULT):
+    """:func:`.per_row.backward_sum` of a product :func:`applies` holds for."""
     n = g.shape[0]
     d1, d2, do = desc.dims
     nw = desc.weight_numel
@@ -199,7 +190,7 @@ def backward_sum(desc, g, arrays, *, terms, shared_weights: bool):
     needs = tuple(bool(pairs) for pairs in terms)
     shapes, unpack = needed_outputs(needs, [jax.ShapeDtypeStruct((n * d,), dtype) for d in (d1, d2, nw)])
 
-    rows_per_block = BACKWARD_ROWS or 128 // dtype.itemsize
+    rows_per_block = block_backward_rows(dtype, config)
 
     def kernel(g_ref, *refs):
         in_refs, out_refs = refs[: len(used)], refs[len(used) :]
@@ -221,7 +212,7 @@ def backward_sum(desc, g, arrays, *, terms, shared_weights: bool):
                     ref[rows * width + q] = sums[q] if q in sums else jnp.zeros((rows_per_block,), dtype)
 
     gx, gy, gw = unpack(
-        pallas_call(kernel, shapes, (pl.cdiv(n, rows_per_block),), BACKWARD_WARPS, name="jequi_tp_rows_bwd")(
+        pallas_call(kernel, shapes, (pl.cdiv(n, rows_per_block),), config.block_backward_warps, name="jequi_tp_rows_bwd")(
             g.reshape(-1), *(arrays[a].reshape(-1) for a in used)
         )
     )

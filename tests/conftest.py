@@ -81,10 +81,19 @@ def rng():
     return np.random.default_rng(1234)
 
 
+def pallas_backend(**knobs) -> str:
+    """The name of the ``pallas`` backend whose kernels take these :class:`pallas_kernels.Config`
+    knobs (registered once per config)."""
+    import pallas_kernels
+    from jequi import backends
+
+    return backends.register(backends.configured("pallas", pallas_kernels.Config(**knobs)))
+
+
 @pytest.fixture
 def fresh_kernels():
-    """Caches cleared on both sides: kernels traced with a test's knob settings are neither
-    reused from nor left to other tests."""
+    """Caches cleared on both sides: kernels traced with a test's module settings (jequi.graph's
+    part sizes) are neither reused from nor left to other tests."""
     jax.clear_caches()
     yield
     jax.clear_caches()

@@ -5,10 +5,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import assert_close, e3nn_tp
+from conftest import assert_close, e3nn_tp, pallas_backend
 
 import jequi
 import pallas_kernels.conv
+from pallas_kernels import heuristics
 
 
 def reference(tp, x, y, w, s, r, n):
@@ -176,12 +177,13 @@ def test_kahan_summation_on_a_hub():
         tp.conv(*f32, s, r, 1, backend="xla", kahan=True)
 
 
-@pytest.mark.parametrize("layout, cotangent_layout", [("mul_ir", "ir_mul"), ("ir_mul", "ir_mul")])
-def test_backward_reads_the_cotangent_in_either_layout(layout, cotangent_layout, fresh_kernels, monkeypatch):
+# mul_ir (the cotangent read from an ir_mul copy) is tests/test_pallas.py::test_conv[uvu]: a
+# channelwise mul_ir product's conv backward, the same generated code
+@pytest.mark.parametrize("layout", ["ir_mul"])
+def test_backward_reads_the_cotangent_in_either_layout(layout):
     """The Pallas backward reads the output cotangent in COTANGENT_LAYOUT (a copy, or the
     array itself where the layouts agree) whatever the product's own layout; gradients match
     the XLA backend's."""
-    monkeypatch.setattr(pallas_kernels.conv, "COTANGENT_LAYOUT", cotangent_layout)
     tp = jequi.channelwise("3x0e+4x1o+2x2e", "0e+1o+2e", "3x0e+4x1o+2x2e+2x3o", layout=layout)
     rng = np.random.default_rng(3)
     x, y, w, s, r = graph(rng, tp, 6, 25)
@@ -197,11 +199,11 @@ def test_backward_in_chunks_of_paths(chunks, part, shared, second_order, fresh_k
     """Backward programs that each take a chunk of an x segment's paths (partial gx per chunk
     and row part, a partial gy per program; groups with fewer chunks zero the partials they
     lack) give the XLA backend's first (and second) derivatives; dropped edges too."""
-    monkeypatch.setattr(pallas_kernels.conv, "BACKWARD_CHUNKS", chunks)
+    backend = pallas_backend(backward_chunks=chunks)
     monkeypatch.setattr(jequi.graph, "MIN_PART_EDGES", part)
     monkeypatch.setattr(jequi.graph, "HUB_FACTOR", 0)
     tp = jequi.channelwise("3x0e+4x1o+2x2e", "0e+1o+2e", "3x0e+4x1o+2x2e+2x3o")
-    programs, partials = pallas_kernels.conv.backward_programs(tp.descriptor.trilinear)
+    programs, partials = heuristics.conv_backward_programs(tp.descriptor.trilinear, pallas_kernels.Config(backward_chunks=chunks))
     assert partials == chunks and (chunks == 2 or min(n for *_, n in programs) < partials)
     rng = np.random.default_rng(4)
     x, y, w, s, r = graph(rng, tp, 6, 25, shared)
@@ -214,22 +216,21 @@ def test_backward_in_chunks_of_paths(chunks, part, shared, second_order, fresh_k
         return lambda x, y, w: sum(jnp.sum(g**2) for g in jax.grad(loss(b), (0, 1, 2))(x, y, w))
 
     for f in (loss, second) if second_order else (loss,):
-        for a, b in zip(jax.jit(jax.grad(f("pallas"), (0, 1, 2)))(x, y, w), jax.jit(jax.grad(f("xla"), (0, 1, 2)))(x, y, w)):
+        for a, b in zip(jax.jit(jax.grad(f(backend), (0, 1, 2)))(x, y, w), jax.jit(jax.grad(f("xla"), (0, 1, 2)))(x, y, w)):
             assert_close(a, b, 1e-11)
 
 
 def test_backward_programs_rule():
     """Each x segment's paths go to chunks by the size of their output cotangent (non-empty,
     about equal, every path once); narrow products keep one program per x segment."""
-    conv = pallas_kernels.conv
     large = jequi.problems.get("mace-large").descriptor.trilinear
-    groups = conv.input_groups(large)
+    groups = heuristics.input_groups(large)
     water = jequi.problems.get("nequip-water").descriptor.trilinear
-    assert conv.backward_programs(water) == ([(s, p, 0, 1) for s, p in conv.input_groups(water)], 1)
-    programs, partials = conv.backward_programs(large)
+    assert heuristics.conv_backward_programs(water) == ([(s, p, 0, 1) for s, p in heuristics.input_groups(water)], 1)
+    programs, partials = heuristics.conv_backward_programs(large)
     assert sorted(p.index for _, paths, *_ in programs for p in paths) == sorted(p.index for p in large.active_paths)
     size = lambda paths: sum(large.out[o].size for o in {p.i_out for p in paths})  # noqa: E731
-    budget = 32 * conv.COTANGENT_PER_THREAD  # one warp per backward program
+    budget = 32 * heuristics.COTANGENT_PER_THREAD  # one warp per backward program
     for segments, paths in groups:
         chunks = [chunk for s, chunk, *_ in programs if s == segments]
         assert [c for s, _, c, _ in programs if s == segments] == list(range(len(chunks)))
@@ -239,13 +240,12 @@ def test_backward_programs_rule():
     assert partials == max(n for *_, n in programs) > 1
 
 
-@pytest.mark.parametrize("edges_per_step", [1, 2])  # more than 2: the same unrolled step, longer
-def test_sorted_edges_and_edge_loop_unrolling(tp, edges_per_step, fresh_kernels, monkeypatch):
+@pytest.mark.parametrize("chained", [True, False])
+def test_sorted_edges_and_chained_forward(tp, chained):
     """Edges given in receiver order are read in sequence (Graph.edges_sorted); the Pallas
-    edge loop gives the same sums however many edges it takes per step, with the forward's
-    multiply-adds started from the running sums or not."""
-    monkeypatch.setattr(pallas_kernels.conv, "EDGES_PER_STEP", edges_per_step)
-    monkeypatch.setattr(pallas_kernels.conv, "CHAINED_FORWARD", edges_per_step != 2)
+    edge loop gives the same sums with the forward's multiply-adds started from the running
+    sums or not (``Config.chained_forward``)."""
+    backend = pallas_backend(chained_forward=chained)
     rng = np.random.default_rng(7)
     x, y, w, s, r = graph(rng, tp, 7, 31)
     perm = np.argsort(r, kind="stable")
@@ -254,8 +254,8 @@ def test_sorted_edges_and_edge_loop_unrolling(tp, edges_per_step, fresh_kernels,
     assert g.edges_sorted and not jequi.Graph.build(s[::-1], r[::-1], 7).edges_sorted
     assert not jax.jit(jequi.Graph.build, static_argnums=2)(s, r, 7).edges_sorted  # traced: unknown
     loss = lambda b: lambda x, y, w: jnp.sum(jnp.sin(tp.conv(x, y, w, g, backend=b)))  # noqa: E731
-    assert_close(tp.conv(x, y, w, g, backend="pallas"), reference(tp, x, y, w, s, r, 7), 1e-12)
-    for a, b in zip(jax.grad(loss("pallas"), (0, 1, 2))(x, y, w), jax.grad(loss("xla"), (0, 1, 2))(x, y, w)):
+    assert_close(tp.conv(x, y, w, g, backend=backend), reference(tp, x, y, w, s, r, 7), 1e-12)
+    for a, b in zip(jax.grad(loss(backend), (0, 1, 2))(x, y, w), jax.grad(loss("xla"), (0, 1, 2))(x, y, w)):
         assert_close(a, b, 1e-12)
 
 

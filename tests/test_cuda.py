@@ -14,7 +14,8 @@ import pytest
 from conftest import assert_close, check_batched, random_inputs
 
 import jequi
-from ffi import build, codegen, ops, schedule
+from ffi import build, build_search, codegen, ctext, launch, ops, schedule
+from ffi.config import DEFAULT
 from jequi.autodiff import GGW, GGX, GGY, GZ, W, X, Y, SecondOrder
 
 ON_GPU = "cuda" in jequi.available_backends()
@@ -121,13 +122,13 @@ def test_channels_per_lane():
     assert {p.channels for p in schedule.forward_programs(desc, np.float32, 1000, 1)} == {1}
     # the lanes of four channels move them as one float4 per component, in either layout; the
     # conv forward takes Config.forward_channels, the other kinds Config.channels
-    four = dataclasses.replace(schedule.DEFAULT, forward_channels=4)
+    four = dataclasses.replace(DEFAULT, forward_channels=4)
     for name in ("vec", "vec-ir_mul"):
         desc = PROBLEMS[name]().descriptor.trilinear
         source = codegen.generate(desc, np.float32, "conv_forward", config=four).source
         assert "reinterpret_cast<const T4*>" in source and "MAKE4(" in source
         forward = codegen.generate(desc, np.float32, "conv_forward")
-        assert max(p.channels for p in forward.programs) == schedule.DEFAULT.forward_channels
+        assert max(p.channels for p in forward.programs) == DEFAULT.forward_channels
     # a batched product in mul_ir: its forward keeps one channel per lane and streams its rows,
     # its backward takes several and reads the rows (a lane's adjacent values) through L1
     desc = PROBLEMS["vec"]().descriptor.trilinear
@@ -161,10 +162,10 @@ def test_conv_backward_heaviest_segment_channels():
     heaviest = max((t.x for t in schedule.terms(desc)), key=lambda s: s.ir_dim)
     channels = lambda kind, dtype=np.float32, **knobs: {  # noqa: E731
         s.ir_dim: p.channels
-        for p in codegen.generate(desc, dtype, kind, config=dataclasses.replace(schedule.DEFAULT, **knobs)).programs
+        for p in codegen.generate(desc, dtype, kind, config=dataclasses.replace(DEFAULT, **knobs)).programs
         for s in p.x_segments
     }
-    assert schedule.DEFAULT.conv_backward_heaviest_channels == 2
+    assert DEFAULT.conv_backward_heaviest_channels == 2
     for kind in ("conv_backward", "conv_atomic_backward"):
         assert channels(kind) == {1: 4, 3: 2, heaviest.ir_dim: 2}
         assert channels(kind, conv_backward_heaviest_channels=1) == {1: 4, 3: 2, heaviest.ir_dim: 1}
@@ -194,7 +195,7 @@ def test_l2_prefetch_distances():
     ``backward_l2_prefetch`` ahead and never for the gathered cotangent rows (they mostly hit
     L2 already); 0 asks for nothing."""
     desc = PROBLEMS["uvu-ir_mul"]().descriptor.trilinear
-    config = dataclasses.replace(schedule.DEFAULT, l2_prefetch=3, backward_l2_prefetch=2)
+    config = dataclasses.replace(DEFAULT, l2_prefetch=3, backward_l2_prefetch=2)
     forward = codegen.generate(desc, np.float32, "conv_forward", config=config).source
     backward = codegen.generate(desc, np.float32, "conv_backward", config=config).source
     assert "pk = base + kk + 3;" in forward and "prw" in forward
@@ -216,8 +217,6 @@ def test_float64_backward_runs_one_program_per_block():
     assert "const int group = blockIdx.x / nodes, node = blockIdx.x % nodes;" in split.source
     kept = [codegen.generate(desc, np.float32, "tp_backward"), codegen.generate(desc, np.float64, "tp_backward", shared=True),
             codegen.generate(desc, np.float64, "tp_forward"), codegen.generate(desc, np.float64, "conv_backward")]  # fmt: skip
-    off = dataclasses.replace(schedule.DEFAULT, split_float64_backward=False)
-    kept.append(codegen.generate(desc, np.float64, "tp_backward", config=off))
     for k in kept:
         assert k.groups == 1 and "blockIdx.x / nodes" not in k.source, k.kind
 
@@ -283,7 +282,7 @@ def test_generated_kernels_compile(name, dtype, kind, needs, shared, tmp_path, m
     path = build.cubin(kernel.source, "sm_90")
     assert path.read_bytes()[:4] == b"\x7fELF"
     usage = build.resources(path)
-    assert usage["registers"] and usage["spill_stores"] <= ops.SPILL_BYTES[np.dtype(dtype)], usage
+    assert usage["registers"] and usage["spill_stores"] <= build_search.spill_bytes(DEFAULT, dtype), usage
 
 
 @gpu
@@ -368,20 +367,12 @@ def _check_higher_orders(tp, backend):
 
 @pytest.fixture
 def small_code_budget(monkeypatch):
-    """A 16 KB ``Config.code_bytes`` and ``batched_code_bytes`` (kernels split into several
-    groups); the kernels and traced ops of other settings are neither reused nor left behind."""
-    small = dataclasses.replace(schedule.DEFAULT, code_bytes=16 * 1024, batched_code_bytes=16 * 1024)
-    monkeypatch.setattr(schedule, "DEFAULT", small)
+    """The names of the cuda backends with a 16 KB ``Config.code_bytes`` and
+    ``batched_code_bytes`` (kernels split into several groups), by base name; ``ops.generated``
+    holds only the kernels built here."""
+    small = dataclasses.replace(DEFAULT, code_bytes=16 * 1024, batched_code_bytes=16 * 1024)
     monkeypatch.setattr(ops, "generated", {})
-
-    def clear():
-        jequi.products._tp_kernels.cache_clear()
-        jequi.products._conv_kernels.cache_clear()
-        jax.clear_caches()
-
-    clear()
-    yield
-    clear()
+    return {b: jequi.backends.register(jequi.backends.configured(b, small)) for b in ("cuda", "cuda-atomic")}
 
 
 @gpu
@@ -393,8 +384,8 @@ def test_conv_kernels_split_into_groups(backend, small_code_budget):
     derivative order."""
     tp = PROBLEMS["vec-ir_mul"]()
     for dtype in (np.float32, np.float64):
-        _check_conv(tp, backend, False, dtype)
-    _check_higher_orders(tp, backend)
+        _check_conv(tp, small_code_budget[backend], False, dtype)
+    _check_higher_orders(tp, small_code_budget[backend])
     split = {(dtype, k.kind, k.group_major) for (_, dtype, *_), k in ops.generated.items() if k.groups > 1}
     assert {(np.dtype(np.float64), "conv_forward", False), (np.dtype(np.float32), "conv_forward", True)} <= split
     backward = "conv_atomic_backward" if backend == "cuda-atomic" else "conv_backward"
@@ -407,83 +398,75 @@ def test_batched_backward_kernels_split_into_groups(small_code_budget):
     """Batched float32 backward kinds and the double backward's forward sum (``dgz``) whose
     code does not fit a small ``Config.batched_code_bytes`` (group-major, in narrower blocks)
     against the reference: the gradients with per-row and shared weights, under vmap, and the
-    double backward with every input perturbed, fused (``tp_second``) and not (float64's
-    backwards run one program per block, group-major, at any budget)."""
+    double backward with every input perturbed, fused (``tp_second``; float64's backwards run
+    one program per block, group-major, at any budget)."""
     tp = PROBLEMS["vec-ir_mul"]()
+    cuda = small_code_budget["cuda"]
     for shared in (False, True):
-        check_batched(tp, "cuda", BATCH, np.float32, shared, TOL[np.float32])
+        check_batched(tp, cuda, BATCH, np.float32, shared, TOL[np.float32])
     x, y, w = random_inputs(tp, BATCH, np.float32)
     stacked = [np.stack([a, a[::-1]]) for a in (x, y, w)]
     vmapped = lambda b: jax.jit(jax.vmap(jax.grad(lambda *a: jnp.sum(jnp.sin(tp(*a, backend=b))), argnums=(0, 1, 2))))(*stacked)  # noqa: E731
-    for a, b, what in zip(vmapped("cuda"), vmapped("xla"), "xyw"):
+    for a, b, what in zip(vmapped(cuda), vmapped("xla"), "xyw"):
         assert_close(a, b, TOL[np.float32], f"vmap d/d{what}")
     g = np.random.default_rng(3).normal(size=(BATCH, tp.irreps_out.dim)).astype(np.float32)
 
     def second(backend):
         return jax.jit(jax.grad(force_training_loss(tp, backend), argnums=(0, 1, 2, 3)))(x, y, w, g)
 
-    for a, b, what in zip(second("cuda"), second("xla"), ("x", "y", "w", "gz")):
+    for a, b, what in zip(second(cuda), second("xla"), ("x", "y", "w", "gz")):
         assert_close(a, b, 1e-4, f"d/d{what}")
-    unfused = dataclasses.replace(schedule.DEFAULT, fused_second_order=False)
-    with pytest.MonkeyPatch.context() as patch:  # dgz in a kernel of its own, tp_forward
-        patch.setattr(schedule, "DEFAULT", unfused)
-        jax.clear_caches()
-        for a, b, what in zip(second("cuda"), second("xla"), ("x", "y", "w", "gz")):
-            assert_close(a, b, 1e-4, f"d/d{what}, unfused")
-    split = {(kind, sums, shared): k for (_, _, kind, sums, shared), k in ops.generated.items() if kind != "tp_forward" or sums.summed}
-    assert any(shared for *_, shared in split) and len(split) >= 5
-    assert {"tp_second", "tp_forward"} <= {kind for kind, *_ in split}
+    split = {(kind, sums, shared): k for (_, _, kind, sums, shared, _), k in ops.generated.items() if kind != "tp_forward" or sums.summed}
+    assert any(shared for *_, shared in split) and len(split) >= 3
+    assert "tp_second" in {kind for kind, *_ in split}
     assert all(k.groups > 1 and k.group_major for k in split.values())
 
 
 @pytest.mark.skipif(build.toolchain_missing() is not None, reason=str(build.toolchain_missing()))
 def test_conv_kernels_take_the_widest_blocks_whose_code_fits(monkeypatch):
     """:func:`ffi.ops.kernel` builds a conv kernel with ``Config.block_warps`` warps per block,
-    then with each of ``ops.BLOCK_WARPS``, and keeps the first build whose code fits
-    ``Config.code_bytes`` (:func:`ffi.ops.code_fits`): at 25 KB the conv kinds of a small
+    then with each of ``build_search.BLOCK_WARPS``, and keeps the first build whose code fits
+    ``Config.code_bytes`` (:func:`ffi.build_search.code_fits`): at 25 KB the conv kinds of a small
     product stop at four different widths, all split; without a budget the blocks keep
     ``block_warps``. The float64 forward runs node by node, the others group-major."""
     desc = PROBLEMS["vec-ir_mul"]().descriptor.trilinear
     budget = 25 * 1024
-    config = dataclasses.replace(schedule.DEFAULT, code_bytes=budget)
-    monkeypatch.setattr(schedule, "DEFAULT", config)
+    config = dataclasses.replace(DEFAULT, code_bytes=budget)
     monkeypatch.setattr(ops, "generated", {})
     widths = set()
     for dtype in DTYPES:
         for kind in ("conv_forward", "conv_backward"):  # the atomic backward is built alike
-            k = ops.kernel(desc, dtype, kind)
+            k = ops.kernel(desc, dtype, kind, config=config)
             sums = schedule.Sums().of_kind(kind != "conv_forward")
-            builds = {w: ops._uncapped_enough(desc, np.dtype(dtype), kind, sums, False, dataclasses.replace(config, block_warps=w))
-                      for w in (config.block_warps, *ops.BLOCK_WARPS)}  # fmt: skip
-            width = next(w for w, b in builds.items() if ops.code_fits(b, budget))
+            builds = {w: build_search._uncapped_enough(desc, np.dtype(dtype), kind, sums, False, dataclasses.replace(config, block_warps=w))
+                      for w in (config.block_warps, *build_search.BLOCK_WARPS)}  # fmt: skip
+            width = next(w for w, b in builds.items() if build_search.code_fits(b, budget))
             assert k.source == builds[width].source and k.groups > 1, (kind, dtype)
             assert k.group_major == (kind != "conv_forward" or dtype == np.float32)
             assert ("blockIdx.x / nodes" in k.source) == k.group_major
             widths.add(width)
     assert len(widths) == 4
-    monkeypatch.setattr(schedule, "DEFAULT", dataclasses.replace(config, code_bytes=0))
     ops.clear()
-    whole = ops.kernel(desc, np.float32, "conv_backward")
+    whole = ops.kernel(desc, np.float32, "conv_backward", config=dataclasses.replace(config, code_bytes=0))
     assert whole.groups == 1 and not whole.group_major and whole.threads == schedule.LANES * sum(p.warps for p in whole.programs)
 
 
 @pytest.mark.skipif(build.toolchain_missing() is not None, reason=str(build.toolchain_missing()))
-def test_batched_backward_kernels_go_group_major_then_narrower(monkeypatch):
+def test_batched_backward_kernels_go_group_major_then_narrower():
     """A batched backward kind whose groups' code does not fit ``Config.batched_code_bytes``
-    node by node runs them group-major, then in narrower blocks (:func:`ffi.ops._narrower`),
+    node by node runs them group-major, then in narrower blocks (:func:`ffi.build_search._narrower`),
     and so does the double backward's forward sum; the forward of one product is built as
     configured whatever its code, and no batched kind reads the conv's ``code_bytes``."""
     desc = PROBLEMS["vec-ir_mul"]().descriptor.trilinear
     sums = schedule.Sums().of_kind(True)
-    base = schedule.DEFAULT
+    base = DEFAULT
 
     def kept(config):
-        monkeypatch.setattr(schedule, "DEFAULT", config)
         ops.clear()
-        k = ops.kernel(desc, np.float32, "tp_backward")
-        builds = [ops._uncapped_enough(desc, np.dtype(np.float32), "tp_backward", sums, False, c)
-                  for c in ops._narrower(config, conv=False)]  # fmt: skip
-        fits = [ops.code_fits(b, config.batched_code_bytes) for b in builds]
+        k = ops.kernel(desc, np.float32, "tp_backward", config=config)
+        builds = [build_search._uncapped_enough(desc, np.dtype(np.float32), "tp_backward", sums, False, c)
+                  for c in build_search._narrower(config, conv=False)]  # fmt: skip
+        fits = [build_search.code_fits(b, config.batched_code_bytes) for b in builds]
         assert k.source == builds[fits.index(True)].source
         return fits.index(True), k
 
@@ -499,14 +482,13 @@ def test_batched_backward_kernels_go_group_major_then_narrower(monkeypatch):
         at, k = kept(dataclasses.replace(base, batched_code_bytes=group + 1024))
         assert at > 1 and k.group_major and k.groups > 1
         tiny = dataclasses.replace(base, batched_code_bytes=1024)
-        monkeypatch.setattr(schedule, "DEFAULT", tiny)
         ops.clear()
-        forward = ops.kernel(desc, np.float32, "tp_forward")
-        assert forward.source == ops._uncapped_enough(desc, np.dtype(np.float32), "tp_forward", schedule.Sums(), False, tiny).source
-        assert not ops.code_fits(forward, tiny.batched_code_bytes)
-        dgz = ops.kernel(desc, np.float32, "tp_forward", schedule.Sums(SecondOrder.of((True,) * 4, (True,) * 3).dgz))
+        forward = ops.kernel(desc, np.float32, "tp_forward", config=tiny)
+        assert forward.source == build_search._uncapped_enough(desc, np.dtype(np.float32), "tp_forward", schedule.Sums(), False, tiny).source
+        assert not build_search.code_fits(forward, tiny.batched_code_bytes)
+        dgz = ops.kernel(desc, np.float32, "tp_forward", schedule.Sums(SecondOrder.of((True,) * 4, (True,) * 3).dgz), config=tiny)
         assert dgz.group_major and dgz.groups > 1
-        fused = ops.kernel(desc, np.float32, "tp_second", SECOND)
+        fused = ops.kernel(desc, np.float32, "tp_second", SECOND, config=tiny)
         assert fused.group_major and fused.groups > 1
     finally:
         ops.clear()
@@ -517,7 +499,7 @@ def test_unstaged_float32_forward_sums_take_their_own_registers():
     ``ir_mul`` forward sum (the double backward's ``dgz``) and nothing else: not the forward of
     one product, not a staged (``mul_ir``) sum, not float64."""
     dgz = schedule.Sums(SecondOrder.of((True,) * 4, (True,) * 3).dgz)
-    few, many = (dataclasses.replace(schedule.DEFAULT, unstaged_float32_forward_sum_registers=r) for r in (64, 192))
+    few, many = (dataclasses.replace(DEFAULT, unstaged_float32_forward_sum_registers=r) for r in (64, 192))
 
     def kernel(layout, dtype, sums, config):
         desc = jequi.problems.get("mace-large", layout=layout).descriptor.trilinear
@@ -538,11 +520,11 @@ def test_code_fits(monkeypatch, tmp_path):
     k = codegen.generate(PROBLEMS["uvu"]().descriptor.trilinear, np.float32, "conv_forward")
     four = dataclasses.replace(k, groups=4, group_major=True)
     blocks["n"] = 8
-    assert ops.code_fits(four, 30) and not ops.code_fits(four, 29) and ops.code_fits(four, 0)
+    assert build_search.code_fits(four, 30) and not build_search.code_fits(four, 29) and build_search.code_fits(four, 0)
     node_major = dataclasses.replace(four, group_major=False)
-    assert ops.code_fits(node_major, 120) and not ops.code_fits(node_major, 119)  # all 4 groups
+    assert build_search.code_fits(node_major, 120) and not build_search.code_fits(node_major, 119)  # all 4 groups
     blocks["n"] = 1
-    assert ops.code_fits(node_major, 60) and not ops.code_fits(node_major, 59)  # 2 blocks, 2 groups
+    assert build_search.code_fits(node_major, 60) and not build_search.code_fits(node_major, 59)  # 2 blocks, 2 groups
 
 
 @pytest.mark.skipif(build.toolchain_missing() is not None, reason=str(build.toolchain_missing()))
@@ -573,7 +555,7 @@ def test_second_order_sums_name_their_operands():
 @pytest.mark.skipif(build.toolchain_missing() is not None, reason=str(build.toolchain_missing()))
 def test_tp_second_runs_where_the_outputs_follow_x(monkeypatch):
     """The double backward's ``dgz`` runs inside its backward kernel (``tp_second``) when both
-    are wanted, ``Config.fused_second_order`` is on, every output segment is reached from one
+    are wanted, every output segment is reached from one
     ``x`` segment and the fused kernel spills at most ``FUSED_SPILL_BYTES``; the kernel stores
     each output segment once, after its last term, and ``tp_second`` refuses a product whose
     outputs do not follow ``x``."""
@@ -584,9 +566,6 @@ def test_tp_second_runs_where_the_outputs_follow_x(monkeypatch):
     assert not fuses(desc, ()) and not fuses(desc, SECOND.out, ((), (), ()))
     monkeypatch.setattr(ops, "FUSED_SPILL_BYTES", -1)  # no kernel spills fewer bytes
     assert not fuses(desc)
-    monkeypatch.setattr(ops, "FUSED_SPILL_BYTES", 1024)
-    monkeypatch.setattr(schedule, "DEFAULT", dataclasses.replace(schedule.DEFAULT, fused_second_order=False))
-    assert not fuses(desc)
     with pytest.raises(ValueError, match="one x segment"):
         codegen.generate(merged, np.float32, "tp_second", SECOND)
     with pytest.raises(ValueError, match="forward sum"):
@@ -596,7 +575,7 @@ def test_tp_second_runs_where_the_outputs_follow_x(monkeypatch):
     outputs = {t.out.offset for t in schedule.terms(desc)}
     stores = [line for line in k.source.splitlines() if "(out + (row0 + kk) * DOUT) + bo" in line]
     assert {int(line.split(" + bo")[1].split(" ")[0]) for line in stores} == outputs
-    assert len(stores) == sum(len(codegen._vectors(s, p.channels)) for p in k.programs for s in p.out_segments)
+    assert len(stores) == sum(len(ctext.lane_vectors(s, p.channels)) for p in k.programs for s in p.out_segments)
 
 
 def test_atomic_conv_backward_walks_receivers():
@@ -674,7 +653,7 @@ def test_rows_per_block():
     float32 forward that is not staged (``ir_mul``), ``batched_forward_rows`` in the other
     forwards (a float64 forward's second build ``batched_float64_forward_rows``),
     ``batched_backward_rows`` in a backward; shared weights and the conv kinds 32."""
-    config = schedule.DEFAULT
+    config = DEFAULT
     ir, mul = (PROBLEMS[n]().descriptor.trilinear for n in ("vec-ir_mul", "vec"))
 
     def chunk(desc, dtype, kind, shared=False):
@@ -712,13 +691,13 @@ def test_every_op_zeroes_the_untouched_results(monkeypatch):
     numbered among the results it computes (kernels generated, not compiled: launches captured)."""
     launches = []
 
-    def launch(k, args, outs, grid_x, unit, scalars, zero=()):
+    def captured(k, args, outs, grid_x, unit, scalars, zero=()):
         launches.append(zero)
         return [jnp.zeros(o.shape, o.dtype) for o in outs] if isinstance(outs, list) else jnp.zeros(outs.shape, outs.dtype)
 
-    monkeypatch.setattr(ops, "kernel", lambda desc, dtype, kind, sums=schedule.Sums(), shared=False: codegen.generate(
-        desc, dtype, kind, codegen.computed(kind, sums), shared))  # fmt: skip
-    monkeypatch.setattr(build, "call", launch)
+    monkeypatch.setattr(ops, "kernel", lambda desc, dtype, kind, sums=schedule.Sums(), shared=False, config=DEFAULT: codegen.generate(
+        desc, dtype, kind, launch.computed(kind, sums), shared, config))  # fmt: skip
+    monkeypatch.setattr(build, "call", captured)
     silent = jequi.TensorProduct("2x0e+2x1o", "0e", "2x0e+2x1o", [(0, 0, 0, "uvu", True), (1, 0, 1, "uvu", True, 0.0)])
     graph = jequi.Graph.build(np.array([0, 1, 2]), np.array([1, 2, 0]), 3)
     # the zero masks of: forward; backward; backward without gx; conv forward (the output, then
@@ -750,7 +729,7 @@ def test_operand_prefetch():
     """A float32 batched backward with per-row weights loads each row's operands where they are
     used (``Config.batched_float32_backward_prefetch`` = 0); float64, shared weights and the
     conv load the next row's (edge's) operands early, under ``Config.prefetch``."""
-    assert schedule.DEFAULT.batched_float32_backward_prefetch == 0
+    assert DEFAULT.batched_float32_backward_prefetch == 0
     desc = PROBLEMS["vec-ir_mul"]().descriptor.trilinear
 
     def early(dtype, kind, shared=False):
@@ -769,13 +748,13 @@ def test_batched_float32_backward_values():
                (np.float64, "tp_backward", False), (np.float32, "conv_backward", False))  # fmt: skip
 
     def sources(**knobs):
-        config = dataclasses.replace(schedule.DEFAULT, **knobs)
+        config = dataclasses.replace(DEFAULT, **knobs)
         return [codegen.generate(desc, np.dtype(dt), kind, shared=shared, config=config) for dt, kind, shared in kernels]
 
     default, small = sources(), sources(batched_float32_backward_values=32)
     assert small[0].threads > default[0].threads
     assert [k.source for k in small[1:]] == [k.source for k in default[1:]]
-    fewer = sources(backward_values=32, batched_float32_backward_values=schedule.DEFAULT.batched_float32_backward_values)
+    fewer = sources(backward_values=32, batched_float32_backward_values=DEFAULT.batched_float32_backward_values)
     assert fewer[0].source == default[0].source and all(a.source != b.source for a, b in zip(fewer[1:], default[1:]))
 
 
@@ -804,14 +783,14 @@ def test_float64_forward_keeps_the_build_with_more_resident_warps(monkeypatch):
     that does not spill, then the one with more resident warps, on a tie fewer programs, then
     the first. Other kernels (and a 0 knob) build once."""
     desc = PROBLEMS["vec-ir_mul"]().descriptor.trilinear
-    config = schedule.DEFAULT
-    wide, default = ops._configs(config, np.dtype(np.float64), "tp_forward")
+    config = DEFAULT
+    wide, default = build_search._configs(config, np.dtype(np.float64), "tp_forward")
     assert (wide.batched_forward_registers, wide.batched_forward_rows) == (
         config.batched_float64_forward_registers, config.batched_float64_forward_rows)  # fmt: skip
     assert default == config
-    assert ops._configs(config, np.dtype(np.float32), "tp_forward") == ops._configs(config, np.dtype(np.float64), "tp_backward") == [config]
+    assert build_search._configs(config, np.dtype(np.float32), "tp_forward") == build_search._configs(config, np.dtype(np.float64), "tp_backward") == [config]
     off = dataclasses.replace(config, batched_float64_forward_registers=0)
-    assert ops._configs(off, np.dtype(np.float64), "tp_forward") == [off]
+    assert build_search._configs(off, np.dtype(np.float64), "tp_forward") == [off]
 
     assert wide.batched_forward_rows != default.batched_forward_rows
     rows = lambda source: int(re.search(r"constexpr int K = (\d+)", source).group(1))  # noqa: E731
@@ -829,7 +808,7 @@ def test_float64_forward_keeps_the_build_with_more_resident_warps(monkeypatch):
     try:
         assert chosen(8, 16) == default.batched_forward_rows
         assert chosen(16, 8) == wide.batched_forward_rows
-        assert chosen(16, 8, wide_spills=ops.SPILL_BYTES[np.dtype(np.float64)] + 8) == default.batched_forward_rows
+        assert chosen(16, 8, wide_spills=DEFAULT.float64_spill_bytes + 8) == default.batched_forward_rows
         n_wide, n_default = (len(codegen.generate(desc, np.float64, "tp_forward", config=c).programs) for c in (wide, default))
         tie = wide.batched_forward_rows if n_wide <= n_default else default.batched_forward_rows
         assert chosen(12, 12) == tie

@@ -1,4 +1,4 @@
-"""First, second and third reverse-mode derivatives through the custom_vjp / seven-op path
+"""First, second and third reverse-mode derivatives through the jequi_trilinear primitive (the seven-op identity)
 equal jax autodiff through the pure-JAX reference and through e3nn-jax (float64)."""
 
 import dataclasses
@@ -17,7 +17,9 @@ from jequi.backends import xla
 
 # the cuda backends run on a GPU only (tests/test_cuda.py covers them further)
 ON_CUDA = pytest.mark.skipif("cuda" not in jequi.available_backends(), reason="needs a CUDA GPU and nvcc")
-BACKENDS = ["xla", "pallas", *(pytest.param(b, marks=ON_CUDA) for b in ("cuda", "pallas+cuda", "cuda+pallas"))]
+# each derivative order on the other backend's kernels (an A/B pair, registered here only)
+MIXED = [backends.register(backends.mixed(a, b)) for a, b in (("pallas", "cuda"), ("cuda", "pallas"))]
+BACKENDS = ["xla", "pallas", *(pytest.param(b, marks=ON_CUDA) for b in ("cuda", *MIXED))]
 CONV_BACKENDS = [*BACKENDS, pytest.param("cuda-atomic", marks=ON_CUDA)]  # differs from cuda in the conv only
 
 PROBLEMS = {
@@ -236,7 +238,7 @@ def test_unused_gradients_are_not_computed(backend, monkeypatch):
         jequi.products._tp_kernels.cache_clear()
 
 
-def test_pruned_backward_keeps_types_under_shard_map_and_nested_vmap():
+def test_pruned_gradients_keep_types_under_shard_map_and_nested_vmap():
     """The pruned backward's gradients carry their primals' types: the double backward runs
     under ``shard_map`` (varying axes) and under nested ``vmap`` with batch axes not first and
     an unbatched primal, and equals the reference."""

@@ -9,11 +9,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import assert_close, check_batched, random_inputs
+from conftest import assert_close, check_batched, pallas_backend, random_inputs
 
 import jequi
 import pallas_kernels
-import pallas_kernels.conv
+from pallas_kernels import heuristics, row_code
 from jequi.autodiff import GZ, SecondOrder
 from jequi.backends import pallas, xla
 
@@ -79,10 +79,9 @@ def test_cpu_cases_leave_out_no_dtype_rule():
     """CPU_CASES runs one dtype per mode and weights: that covers each kernel while the
     problems' backward groups and channel windows (rules that read the dtype) are the same in
     either dtype."""
-    kernels = pallas_kernels.tensor_product
     for name, make in PROBLEMS.items():
         desc = make().descriptor.trilinear
-        for rule in (kernels.backward_groups, kernels.channel_windows):
+        for rule in (heuristics.backward_groups, heuristics.channel_windows):
             assert rule(desc, np.float32) == rule(desc, np.float64), (name, rule.__name__)
 
 
@@ -135,20 +134,21 @@ def test_conv_ir_mul_warps(dtype):
         assert_close(a, b, TOL[dtype])
 
 
-def test_conv_output_groups_and_determinism(monkeypatch):
+def test_conv_output_groups_and_determinism():
     """Wide outputs are split over programs (here forced to many); the result is
     the same, and bitwise the same from run to run."""
     tp = PROBLEMS["uvu"]()
-    monkeypatch.setattr(pallas_kernels.conv, "ACCUMULATOR_REGISTERS", 1)
+    config = pallas_kernels.Config(accumulator_registers=1)
+    backend = pallas_backend(accumulator_registers=1)
     desc = tp.descriptor.trilinear
-    assert len(pallas_kernels.conv.conv_output_groups(desc, np.float32)) > 1
+    assert len(heuristics.conv_output_groups(desc, np.float32, config)) > 1
     rng = np.random.default_rng(1)
     n, e = (500, 20000) if ON_GPU else (4, 9)
     x, y, w = (rng.normal(size=s).astype(np.float32) for s in ((n, tp.irreps_in1.dim), (e, tp.irreps_in2.dim), (e, tp.weight_numel)))
     graph = jequi.Graph.build(rng.integers(0, n, e), rng.integers(0, n, e), n)
-    conv = jax.jit(lambda x, y, w: tp.conv(x, y, w, graph, backend="pallas"))
+    conv = jax.jit(lambda x, y, w: tp.conv(x, y, w, graph, backend=backend))
     assert_close(conv(x, y, w), tp.conv(x, y, w, graph, backend="xla"), 5e-5)
-    grads = jax.jit(jax.grad(lambda x, y, w: jnp.sum(jnp.sin(tp.conv(x, y, w, graph, backend="pallas"))), argnums=(0, 1, 2)))
+    grads = jax.jit(jax.grad(lambda x, y, w: jnp.sum(jnp.sin(tp.conv(x, y, w, graph, backend=backend))), argnums=(0, 1, 2)))
     runs = [[np.asarray(a) for a in (conv(x, y, w), *grads(x, y, w))] for _ in range(3)]
     assert all(np.array_equal(a, b) for run in runs[1:] for a, b in zip(runs[0], run))
 
@@ -206,44 +206,37 @@ def test_fused_second_order(name, op, shared, spec):
     "name, shared, spec, grouped",
     [("uvw", False, "all", False), ("uvw", True, "force-training", True), ("uuw", False, "all", False)],
 )
-def test_dgz_in_the_backward_kernel(name, shared, spec, grouped, fresh_kernels, monkeypatch):
-    """With ``FUSED_SECOND``, the batched double backward sums ``dgz`` in its backward kernel
-    (a partial per program where the backward runs a program per x segment): the same sums as
-    autodiff of the reference."""
-    kernels = pallas_kernels.tensor_product
-    monkeypatch.setattr(kernels, "FUSED_SECOND", True)
-    monkeypatch.setattr(kernels, "BACKWARD_GROUPS", grouped)
+def test_dgz_in_the_backward_kernel(name, shared, spec, grouped):
+    """With ``Config.fused_second``, the batched double backward sums ``dgz`` in its backward
+    kernel (a partial per program where the backward runs a program per x segment): the same
+    sums as autodiff of the reference."""
+    config = pallas_kernels.Config(fused_second=True, backward_groups=grouped)
     desc = PROBLEMS[name]().descriptor.trilinear
     spec_ = SPECS[spec]
-    assert pallas_kernels.fuses_second(desc, np.float64, spec_.dgz, spec_.pairs)
-    assert (len(kernels.backward_groups(desc, np.float64)) > 1) == grouped
-    _check_second_order(name, "tp", shared, spec)
+    assert pallas_kernels.fuses_second(desc, np.float64, spec_.dgz, spec_.pairs, config)
+    assert (len(heuristics.backward_groups(desc, np.float64, config)) > 1) == grouped
+    _check_second_order(name, "tp", shared, spec, config)
 
 
-def test_fuses_second_rule(monkeypatch):
+def test_fuses_second_rule():
     """Where the batched double backward's ``dgz`` joins its backward kernel: by default where a
     row's outputs are few (the knob forces it either way), both wanted, no channel windows,
     partial rows no wider than a row of ``x, y, w``, and not on the row-block kernels."""
-    kernels = pallas_kernels.tensor_product
     dgz, pairs = SPECS["all"].dgz, SPECS["all"].pairs
     uvw = PROBLEMS["uvw"]().descriptor.trilinear  # 20 outputs
     diffdock = jequi.problems.get("diffdock-l1").descriptor.trilinear  # 156 outputs
     fuses = pallas_kernels.fuses_second
     assert fuses(uvw, np.float32, dgz, pairs) and not fuses(diffdock, np.float32, dgz, pairs)
-    monkeypatch.setattr(kernels, "FUSED_SECOND", True)
-    assert fuses(diffdock, np.float64, dgz, pairs)
+    assert fuses(diffdock, np.float64, dgz, pairs, pallas_kernels.Config(fused_second=True))
     assert not fuses(uvw, np.float32, (), pairs) and not fuses(uvw, np.float32, dgz, ((), (), ()))
     assert not fuses(PROBLEMS["uvw-rows"]().descriptor.trilinear, np.float32, dgz, pairs)
     # MACE-large: a program per x segment (3), each a partial of 9,216 outputs per row
     assert not fuses(jequi.problems.get("mace-large").descriptor.trilinear, np.float32, dgz, pairs)
-    monkeypatch.setattr(kernels, "CHANNEL_WINDOWS", 2)
-    assert not fuses(uvw, np.float32, dgz, pairs)
-    monkeypatch.setattr(kernels, "CHANNEL_WINDOWS", None)
-    monkeypatch.setattr(kernels, "FUSED_SECOND", False)
-    assert not fuses(uvw, np.float32, dgz, pairs)
+    assert not fuses(uvw, np.float32, dgz, pairs, pallas_kernels.Config(channel_windows=2))
+    assert not fuses(uvw, np.float32, dgz, pairs, pallas_kernels.Config(fused_second=False))
 
 
-def _check_second_order(name, op, shared, spec):
+def _check_second_order(name, op, shared, spec, config=pallas_kernels.DEFAULT):
     tp = PROBLEMS[name]()
     desc = tp.descriptor.trilinear
     spec = SPECS[spec]
@@ -257,7 +250,7 @@ def _check_second_order(name, op, shared, spec):
     if op == "tp":
         gz = rng.normal(size=(rows, desc.dims[2]))
         f = functools.partial(xla.forward, desc)
-        fused = lambda a: pallas.second(desc, spec, a)  # noqa: E731
+        fused = lambda a: pallas.second(desc, spec, a, config=config)  # noqa: E731
     else:
         s, r = rng.integers(0, n, e), rng.integers(0, n, e)
         s[-1], r[-2] = n + 5, -1  # dropped edges: no contribution, zero dy and dw
@@ -267,7 +260,7 @@ def _check_second_order(name, op, shared, spec):
         f = lambda x, y, w: jax.ops.segment_sum(  # noqa: E731
             jnp.where(keep[:, None], xla.forward(desc, x[np.where(keep, s, 0)], y, w), 0), np.where(keep, r, 0), num_segments=n
         )
-        fused = lambda a: pallas.conv_second(desc, spec, a, graph, **options)  # noqa: E731
+        fused = lambda a: pallas.conv_second(desc, spec, a, graph, **options, config=config)  # noqa: E731
     arrays = (xs[0], ys[0], ws[0], gz, xs[1], ys[1], ws[1])
     # jitted: eager dispatch of interpret-mode kernels is several times slower
     ours = jax.jit(fused)(arrays)
@@ -307,16 +300,16 @@ def test_conv_fill_rule():
     """Rows are split to fill the GPU on small graphs only: the model benchmark's batch (512
     atoms, 21,504 edges, one output group, 2 warps) walks parts of at most 11 edges (4 a row); MACE-large
     on the carbon lattice (1,728 rows of 158 edges, 2 groups, 4 warps) whole rows."""
-    conv, graph = pallas_kernels.conv, jequi.graph
-    assert graph.part_edges(512, 21504, conv.fill_edges(21504, 1, 2)) == 11
-    assert graph.part_edges(1728, 273024, conv.fill_edges(273024, 2, 4)) == 2 * 158
-    assert graph.part_edges(0, 0, conv.fill_edges(0, 1, 1)) == graph.MIN_PART_EDGES
+    fill_edges, graph = heuristics.fill_edges, jequi.graph
+    assert graph.part_edges(512, 21504, fill_edges(21504, 1, 2)) == 11
+    assert graph.part_edges(1728, 273024, fill_edges(273024, 2, 4)) == 2 * 158
+    assert graph.part_edges(0, 0, fill_edges(0, 1, 1)) == graph.MIN_PART_EDGES
 
 
-def _split_backward_matches(name, shared, seed, monkeypatch, knob, split, whole, programs):
-    """The batched backward with the knob `knob` of pallas_kernels.tensor_product set to
-    `split` (``programs(desc, dtype)`` then lists more than one program) gives, at first order
-    and in the fused second order, what it gives with `whole`."""
+def _split_backward_matches(name, shared, seed, knob, split, whole, programs):
+    """The batched backward with the knob `knob` of :class:`pallas_kernels.Config` set to
+    `split` (``programs(desc, dtype, config)`` then lists more than one program) gives, at
+    first order and in the fused second order, what it gives with `whole`."""
     tp = PROBLEMS[name]()
     desc = tp.descriptor.trilinear
     rng = np.random.default_rng(seed)
@@ -324,37 +317,33 @@ def _split_backward_matches(name, shared, seed, monkeypatch, knob, split, whole,
     w, ggw = rng.normal(size=(2, desc.weight_numel) if shared else (2, BATCH, desc.weight_numel))
     arrays = (x, y, w, gz, ggx, ggy, ggw)
     spec = SPECS["all"]
-    monkeypatch.setattr(pallas_kernels.tensor_product, knob, split)
-    assert len(programs(desc, x.dtype)) > 1
-    got = pallas_kernels.backward(desc, x, y, w, gz), pallas.second(desc, spec, arrays)
-    monkeypatch.setattr(pallas_kernels.tensor_product, knob, whole)
-    jax.clear_caches()
-    expected = pallas_kernels.backward(desc, x, y, w, gz), pallas.second(desc, spec, arrays)
+    config, other = (pallas_kernels.Config(**{knob: value}) for value in (split, whole))
+    assert len(programs(desc, x.dtype, config)) > 1
+    got = pallas_kernels.backward(desc, x, y, w, gz, config=config), pallas.second(desc, spec, arrays, config=config)
+    expected = pallas_kernels.backward(desc, x, y, w, gz, config=other), pallas.second(desc, spec, arrays, config=other)
     for ours, ref in zip(got, expected):
         for a, b in zip(ours, ref):
             assert_close(a, b, 1e-12)
 
 
 @pytest.mark.parametrize("name, shared", [("uvu", False), ("uvw", True)])
-def test_backward_groups(name, shared, fresh_kernels, monkeypatch):
+def test_backward_groups(name, shared):
     """The batched backward with a program per x segment (partial gy summed after): first
     order and the fused second order as with one program per row."""
-    groups = pallas_kernels.tensor_product.backward_groups
-    _split_backward_matches(name, shared, 9, monkeypatch, "BACKWARD_GROUPS", True, False, groups)
+    _split_backward_matches(name, shared, 9, "backward_groups", True, False, heuristics.backward_groups)
 
 
 @pytest.mark.parametrize("name, shared, windows", [("uvu", True, 4), ("uvw", False, 2)])
-def test_backward_channel_windows(name, shared, windows, fresh_kernels, monkeypatch):
+def test_backward_channel_windows(name, shared, windows):
     """The batched backward split over programs by windows of x channels (forced; partial gy
     summed after): first order and the fused second order as with one program per group."""
-    channel_windows = pallas_kernels.tensor_product.channel_windows
-    _split_backward_matches(name, shared, 11, monkeypatch, "CHANNEL_WINDOWS", windows, 1, channel_windows)
+    _split_backward_matches(name, shared, 11, "channel_windows", windows, 1, heuristics.channel_windows)
 
 
 def test_channel_windows_rule():
     """Two windows in float64 for channelwise products whose x segments all have >= 128
     channels; none for products with uu* paths."""
-    windows = pallas_kernels.tensor_product.channel_windows
+    windows = heuristics.channel_windows
     large = jequi.problems.get("mace-large").descriptor.trilinear
     assert windows(large, np.float64) == [(0, 64), (64, 128)]
     assert windows(large, np.float32) == [None]
@@ -369,7 +358,7 @@ def test_channel_windows_rule():
 @pytest.mark.parametrize(
     "name, shared, dtype, budget", [("uvu", False, np.float32, 0), ("uvw", True, np.float32, 0), ("uvu", False, np.float64, 1)]
 )
-def test_forward_groups(name, shared, dtype, budget, fresh_kernels, monkeypatch):
+def test_forward_groups(name, shared, dtype, budget):
     """The batched forward split over programs by output segments (forced: a program per
     segment in float32, groups of several in float64): the forward and the fused second
     order's ``dgz`` (two triples) as the reference."""
@@ -379,12 +368,12 @@ def test_forward_groups(name, shared, dtype, budget, fresh_kernels, monkeypatch)
     x, y, gz, ggx, ggy = (rng.normal(size=(BATCH, d)).astype(dtype) for d in desc.dims[:2] + desc.dims[2:] + desc.dims[:2])
     w, ggw = rng.normal(size=(2, desc.weight_numel) if shared else (2, BATCH, desc.weight_numel)).astype(dtype)
     arrays = (x, y, w, gz, ggx, ggy, ggw)
-    monkeypatch.setattr(pallas_kernels.tensor_product, "FORWARD_ACCUMULATORS", budget)
-    groups = pallas_kernels.tensor_product.forward_groups(desc, dtype)
+    config = pallas_kernels.Config(forward_accumulators=budget)
+    groups = heuristics.forward_groups(desc, dtype, config)
     assert 1 < len(groups) and (budget > 0) == (len(groups) < len(desc.out))
-    assert_close(pallas_kernels.forward(desc, x, y, w), xla.forward(desc, x, y, w), TOL[dtype])
+    assert_close(pallas_kernels.forward(desc, x, y, w, config), xla.forward(desc, x, y, w), TOL[dtype])
     spec = SPECS["dgz-only"]
-    dgz = pallas.second(desc, spec, arrays)[3]
+    dgz = pallas.second(desc, spec, arrays, config=config)[3]
     assert_close(dgz, _second_order_reference(functools.partial(xla.forward, desc), spec, arrays)[3], TOL[dtype])
 
 
@@ -393,7 +382,7 @@ def test_forward_groups_rule():
     contract over channels (uvw) or a row has more than 128 outputs per thread (NequIP-benzene's
     312, not MACE-large's 71; in ir_mul, on one warp, MACE-large's 284). The conv
     forward's budget counts registers: a float64 sum takes two."""
-    groups = pallas_kernels.tensor_product.forward_groups
+    groups = heuristics.forward_groups
     large, benzene = (jequi.problems.get(n).descriptor.trilinear for n in ("mace-large", "nequip-benzene"))
     assert groups(large, np.float32) == [list(range(len(large.out)))]
     assert groups(large, np.float64) == [[s] for s in range(len(large.out))]
@@ -402,7 +391,7 @@ def test_forward_groups_rule():
     assert groups(diffdock, np.float32) == groups(diffdock, np.float64) == [[s] for s in range(len(diffdock.out))]
     large_ir = jequi.problems.get("mace-large", layout="ir_mul").descriptor.trilinear
     assert groups(large_ir, np.float32) == [[s] for s in range(len(large_ir.out))]  # one warp: 284 per thread
-    conv_groups = [pallas_kernels.conv.conv_output_groups(large, t) for t in (np.float32, np.float64)]
+    conv_groups = [heuristics.conv_output_groups(large, t) for t in (np.float32, np.float64)]
     assert [sum(conv_groups[0], []), sum(conv_groups[1], [])] == [list(range(len(large.out)))] * 2
     assert len(conv_groups[1]) > len(conv_groups[0]) > 1
 
@@ -440,36 +429,36 @@ def test_conv_row_parts(fresh_kernels, monkeypatch):
 
 
 @pytest.mark.parametrize("name, min_lanes", [("uvu-wide", 32), ("uvu-in2-mul", 1), ("uvw", 1)])
-def test_lane_sums_as_tile(name, min_lanes, fresh_kernels, monkeypatch):
+def test_lane_sums_as_tile(name, min_lanes):
     """gy's cross-lane sums taken as one tile reduction per run of positions (the default,
     warp-wide lane vectors only, and down to 1-lane vectors): the TP and conv backward as the
     reference."""
-    if ON_GPU and min_lanes < pallas_kernels.tensor_product.TILE_MIN_LANES:
-        pytest.skip("Triton's compiler crashes on joins of narrower lane vectors (see TILE_MIN_LANES)")
-    monkeypatch.setattr(pallas_kernels.tensor_product, "TILE_MIN_LANES", min_lanes)
+    if ON_GPU and min_lanes < pallas_kernels.DEFAULT.tile_min_lanes:
+        pytest.skip("Triton's compiler crashes on joins of narrower lane vectors (see Config.tile_min_lanes)")
+    backend = pallas_backend(tile_min_lanes=min_lanes)
     tp = WIDE[name]()
     x, y, w = random_inputs(tp, BATCH)
     g = np.random.default_rng(2).normal(size=(BATCH, tp.irreps_out.dim))
     grads = lambda f: jax.grad(lambda *a: jnp.vdot(f(*a), g), argnums=(0, 1, 2))(x, y, w)  # noqa: E731
-    for a, b, what in zip(grads(functools.partial(tp, backend="pallas")), grads(functools.partial(xla.forward, tp.descriptor)), "xyw"):
+    for a, b, what in zip(grads(functools.partial(tp, backend=backend)), grads(functools.partial(xla.forward, tp.descriptor)), "xyw"):
         assert_close(a, b, 1e-11, f"d/d{what}")
     s, r = np.arange(BATCH) % 2, np.arange(BATCH) % 3
     loss = lambda b: lambda y: jnp.sum(tp.conv(x[:2], y, w, s, r, 3, backend=b) ** 2)  # noqa: E731
-    assert_close(jax.grad(loss("pallas"))(y), jax.grad(loss("xla"))(y), 1e-11, "conv d/dy")
+    assert_close(jax.grad(loss(backend))(y), jax.grad(loss("xla"))(y), 1e-11, "conv d/dy")
 
 
 def test_warps():
     """One warp per backward program for channelwise products (gy's lane sums in shuffles),
     and per forward program in the ir_mul layout from 128 channels (the conv's at any width,
     but two for 128 channels in float64); products with uvw tiles keep the forward's warps."""
-    warps = pallas_kernels.tensor_product.num_warps
+    warps = heuristics.num_warps
     mace, fc = (jequi.problems.get(n).descriptor.trilinear for n in ("mace-large", "tetris-1-lin2"))
     assert (warps(mace), warps(mace, backward=True)) == (4, 1)
     assert warps(fc, backward=True) == warps(fc) == 4
     mace_ir, fc_ir = (jequi.problems.get(n, layout="ir_mul").descriptor.trilinear for n in ("mace-large", "tetris-1-lin2"))
     assert (warps(mace_ir), warps(mace_ir, backward=True)) == (1, 1)
     assert warps(fc_ir) == 4
-    conv_warps = pallas_kernels.conv.forward_warps
+    conv_warps = heuristics.conv_forward_warps
     assert [conv_warps(d, t) for d in (mace, mace_ir) for t in (np.float32, np.float64)] == [4, 4, 1, 2]
     lips_ir, benzene_ir = (jequi.problems.get(n, layout="ir_mul").descriptor.trilinear for n in ("nequip-lips", "nequip-benzene"))
     assert warps(lips_ir) == conv_warps(lips_ir, np.float64) == 1
@@ -525,35 +514,34 @@ def test_row_blocks_rule():
 
 
 @pytest.mark.parametrize("shared", [False, True])
-def test_row_blocks_tail_rows(shared, monkeypatch, fresh_kernels):
+def test_row_blocks_tail_rows(shared):
     """Several programs and a last block past the batch's end (its rows clamped onto the last
     one, per-row gw stored twice before the shared-weight sum): values, gradients and the fused
     second order as the reference."""
-    monkeypatch.setattr(pallas_kernels.row_blocks, "FORWARD_ROWS", 4)
-    monkeypatch.setattr(pallas_kernels.row_blocks, "BACKWARD_ROWS", 2)
+    config = pallas_kernels.Config(block_forward_rows=4, block_backward_rows=2)
     tp = PROBLEMS["uvw-rows"]()
-    check_batched(tp, "pallas", 7, np.float64, shared, 1e-12)
+    check_batched(tp, pallas_backend(block_forward_rows=4, block_backward_rows=2), 7, np.float64, shared, 1e-12)
     desc = tp.descriptor.trilinear
     rng = np.random.default_rng(12)
     x, y, gz, ggx, ggy = (rng.normal(size=(7, d)) for d in desc.dims[:2] + desc.dims[2:] + desc.dims[:2])
     w, ggw = rng.normal(size=(2, desc.weight_numel) if shared else (2, 7, desc.weight_numel))
     arrays = (x, y, w, gz, ggx, ggy, ggw)
     expected = _second_order_reference(functools.partial(xla.forward, desc), SPECS["all"], arrays)
-    for a, b in zip(pallas.second(desc, SPECS["all"], arrays), expected):
+    for a, b in zip(pallas.second(desc, SPECS["all"], arrays, config=config), expected):
         assert_close(a, b, 1e-12)
 
 
-def test_rows_per_program_tail(monkeypatch, fresh_kernels):
-    """The per-row kernels with several rows per program and a partial last program."""
-    monkeypatch.setattr(pallas_kernels.tensor_product, "ROWS_PER_PROGRAM", 2)
-    for name in ("uvu-ir_mul", "uvw"):
-        check_batched(PROBLEMS[name](), "pallas", 5, np.float64, False, 1e-12)
+def test_rows_per_program_tail():
+    """The per-row kernels with several rows per program and a partial last program (one
+    product: the rows loop, :func:`pallas_kernels.row_code.rows_loop`, wraps every mode's row
+    code alike; uvw's row code is test_forward_and_backward's)."""
+    check_batched(PROBLEMS["uvu-ir_mul"](), pallas_backend(rows_per_program=2), 5, np.float64, False, 1e-12)
 
 
 def test_lane_tile_sum_order():
     vectors = [jnp.asarray(np.random.default_rng(k).normal(size=32)) for k in range(16)]
     for n in (1, 2, 4, 16):
-        got = pallas_kernels.tensor_product.lane_tile_sum(vectors[:n])
+        got = row_code.lane_tile_sum(vectors[:n])
         np.testing.assert_allclose(got, [v.sum() for v in vectors[:n]], rtol=1e-12)
 
 
@@ -570,7 +558,7 @@ def test_rows_and_warps_rules():
     forward in ir_mul), else one. The batched kernels of uvw products whose (u, w) tiles hold
     at most ONE_WARP_TILE values run one warp, wider ones (and the conv, and products with uvu
     paths too) the width rule."""
-    tpk = pallas_kernels.tensor_product
+    tpk = heuristics
     desc = lambda name: jequi.problems.get(name).descriptor.trilinear  # noqa: E731
     assert tpk.rows_per_program(desc("mace-large"), 50000) == 8
     assert tpk.rows_per_program(desc("mace-large"), 100) == 1
@@ -585,16 +573,16 @@ def test_rows_and_warps_rules():
         "128x0e+1x1o", "0e+1o", "128x0e+2x1o", [(0, 0, 0, "uvu", True), (1, 0, 1, "uvw", True)]
     ).descriptor.trilinear
     for backward in (False, True):
-        assert tpk.batched_warps(desc("tetris-poly-2"), backward) == 1  # widest chunk 64: two by the width rule
-        assert tpk.num_warps(desc("tetris-poly-2"), backward) == 2  # the conv's
-        assert tpk.batched_warps(desc("tetris-1-lin2"), backward) == 4
-        assert tpk.batched_warps(mixed, backward) == tpk.num_warps(mixed, backward)
+        assert tpk.batched_warps(desc("tetris-poly-2"), backward=backward) == 1  # widest chunk 64: two by the width rule
+        assert tpk.num_warps(desc("tetris-poly-2"), backward=backward) == 2  # the conv's
+        assert tpk.batched_warps(desc("tetris-1-lin2"), backward=backward) == 4
+        assert tpk.batched_warps(mixed, backward=backward) == tpk.num_warps(mixed, backward=backward)
 
 
 def test_backward_groups_rule():
     """Channelwise products get a backward program per x segment; uvw ones in float64 only,
     and only with x segments of at least 8 channels."""
-    groups = pallas_kernels.tensor_product.backward_groups
+    groups = heuristics.backward_groups
     uvw_wide = jequi.fully_connected("16x0e+8x1o", "0e+1o", "8x0e+8x1o").descriptor.trilinear
     uvw_narrow = PROBLEMS["uvw"]().descriptor.trilinear
     assert len(groups(PROBLEMS["uvu"]().descriptor.trilinear, np.float32)) == 3
@@ -605,7 +593,7 @@ def test_backward_groups_rule():
 
 def test_chunks_cover_any_multiplicity():
     for mul in (1, 2, 10, 48, 89, 128, 250, 300):
-        pieces = pallas_kernels.tensor_product.chunks(mul)
+        pieces = row_code.chunks(mul)
         assert sum(size for _, size in pieces) == mul
         assert all(size & (size - 1) == 0 and size <= 128 for _, size in pieces)
 

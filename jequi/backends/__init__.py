@@ -4,9 +4,7 @@ A backend is a set of four functions taking the descriptor first:
 ``forward(desc, x, y, w)``, ``backward(desc, x, y, w, gz, needs)``,
 ``conv_forward(desc, x, y, w, graph[, kahan])`` and
 ``conv_backward(desc, x, y, w, gout, graph, needs[, kahan])`` (``graph`` a :class:`jequi.Graph`;
-``kahan`` only where ``supports_kahan``). ``"pallas+cuda"`` takes its forward kernels from
-the Pallas backend and its backward ones (and fused double backward) from the cuda backend,
-``"cuda+pallas"`` the other way round; ``"cuda-atomic"`` is the cuda
+``kahan`` only where ``supports_kahan``). ``"cuda-atomic"`` is the cuda
 backend with a conv backward that adds ``gx`` with atomics (faster, not bitwise
 reproducible). ``needs`` (three bools, default all True) says which of ``(gx, gy, gw)`` a
 backward computes; it returns None for the others.
@@ -14,6 +12,10 @@ Inputs are flat: ``x (N, in1.dim)``, ``y (N, in2.dim)``, ``w (N, weight_numel)``
 ``(weight_numel,)``, all of one floating dtype. Derivatives of every order are built from
 these by :mod:`jequi.autodiff`; a backend may add a fused double backward (``second``,
 ``conv_second``) that computes the seven-op identity's sums in fewer kernel passes.
+
+Benchmarks and tests build other backends from these (:func:`configured`: a kernel
+package's knobs other than its defaults; :func:`mixed`: one backend's forward kernels with
+another's backward ones, for A/B runs) and :func:`register` them to call them by name.
 """
 
 from __future__ import annotations
@@ -38,8 +40,8 @@ class Backend:
     check: Callable = lambda desc: None  # raises ValueError for a descriptor it cannot run
     available: Callable[[], bool] = lambda: True
     supports_kahan: bool = False
-    # Fused double backward (jequi.autodiff.trilinear_op's `second`), or None: composed from
-    # forward/backward calls. ``second(desc, spec, arrays)``, ``conv_second(desc, spec,
+    # Fused sums of a jequi.autodiff.SecondOrder (the double backward, a forward-mode tangent),
+    # or None: composed from forward/backward calls (jequi.autodiff.composed_second). ``second(desc, spec, arrays)``, ``conv_second(desc, spec,
     # arrays, graph[, kahan])``.
     second: Callable | None = None
     conv_second: Callable | None = None
@@ -71,20 +73,43 @@ BACKENDS["cuda-atomic"] = dataclasses.replace(
 )  # fmt: skip
 
 
-def _check_pallas_and_cuda(desc):
-    pallas.check(desc)
-    cuda.check(desc)
+_KERNEL_FUNCTIONS = ("forward", "backward", "conv_forward", "conv_backward", "second", "conv_second")
 
 
-# Mixed: each derivative order on the other backend's kernels (chosen by name, not by default_backend).
-BACKENDS["pallas+cuda"] = Backend(
-    "pallas+cuda", pallas.forward, cuda.backward, pallas.conv_forward, cuda.conv_backward, _check_pallas_and_cuda,
-    available=cuda.available, second=cuda.second, conv_second=cuda.conv_second,
-)  # fmt: skip
-BACKENDS["cuda+pallas"] = Backend(
-    "cuda+pallas", cuda.forward, pallas.backward, cuda.conv_forward, pallas.conv_backward, _check_pallas_and_cuda,
-    available=cuda.available, second=pallas.second, conv_second=pallas.conv_second,
-)  # fmt: skip
+def configured(name: str, config) -> Backend:
+    """Backend `name` (``"pallas"``, ``"cuda"`` or ``"cuda-atomic"``) with its kernels built
+    from `config` (a :class:`pallas_kernels.Config` or an :class:`ffi.Config`), named
+    ``name[config]``: what a tuning sweep times (:func:`register` it to call it by name)."""
+    base = BACKENDS[name]
+    if name == "xla":
+        raise ValueError("the xla backend has no kernel config")
+    bound = {f: functools.partial(getattr(base, f), config=config) for f in _KERNEL_FUNCTIONS}
+    return dataclasses.replace(base, name=f"{name}[{config!r}]", **bound)
+
+
+def mixed(forward: str, backward: str) -> Backend:
+    """A backend named ``forward+backward`` whose forward kernels are backend `forward`'s and
+    whose backward ones (and fused double backward) are backend `backward`'s: for A/B runs,
+    never a default (:func:`register` it to call it by name)."""
+    first, second = BACKENDS[forward], BACKENDS[backward]
+
+    def check(desc):
+        first.check(desc)
+        second.check(desc)
+
+    return Backend(
+        f"{forward}+{backward}", first.forward, second.backward, first.conv_forward, second.conv_backward, check,
+        available=lambda: first.available() and second.available(), supports_kahan=first.supports_kahan and second.supports_kahan,
+        second=second.second, conv_second=second.conv_second,
+    )  # fmt: skip
+
+
+def register(backend: Backend) -> str:
+    """Add `backend` to :data:`BACKENDS` under its name, so that ``backend=name`` calls it
+    (a name already registered keeps its first backend: names say what they run); returns
+    the name."""
+    BACKENDS.setdefault(backend.name, backend)
+    return backend.name
 
 
 def available_backends() -> list[str]:
@@ -140,7 +165,7 @@ def default_backend(desc=None, shared_weights: bool = False, conv: bool = False)
     2026-11-24-h200-tp-rows-f32.md, -tp-rows-f64.md, -tp-cuda-second-*.md). The products whose
     backward lanes hold more (134 values: NequIP-benzene, SevenNet's main layer) beat Pallas
     too, NequIP-benzene since its backward kernels run split to fit the instruction caches
-    (``ffi.schedule.Config.batched_code_bytes``; 2026-11-26-h100-batched-code-budget.md,
+    (``ffi.Config.batched_code_bytes``; 2026-11-26-h100-batched-code-budget.md,
     2026-11-25-h200-tp-benzene-backends.md; docs/tuning.md#backends-default_backend).
     """
     if jax.default_backend() != "gpu":

@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..autodiff import SecondOrder
+from ..autodiff import SecondOrder, composed_second
 from ..descriptor import Path, Segment, TensorProductDescriptor
 
 _HIGHEST = jax.lax.Precision.HIGHEST
@@ -182,8 +182,8 @@ def _second(fwd, bwd, spec, arrays):
 
     Where `spec` is the double backward's identity for its arrays (every term of the nonzero
     cotangents ``ggx, ggy, ggw`` in each wanted result), the VJP of ``bwd(x, y, w, gz, needs)
-    -> (gx, gy, gw)`` against them; else (forward mode's and higher orders' partial sums) each
-    term by a ``fwd`` or ``bwd`` call."""
+    -> (gx, gy, gw)`` against them; else (forward mode's and higher orders' partial sums) term by term
+    (:func:`jequi.autodiff.composed_second`)."""
     x, y, w, gz, *cts = arrays
     nonzero = tuple(ct is not None for ct in cts)
     wanted = (bool(spec.dx), bool(spec.dy), bool(spec.dw), bool(spec.dgz))
@@ -194,21 +194,7 @@ def _second(fwd, bwd, spec, arrays):
 
         return _vjp(grads, (x, y, w, gz), [ct for ct in cts if ct is not None], wanted)
 
-    def total(values):
-        return functools.reduce(jnp.add, values) if values else None
-
-    def gradient(slot, pairs):
-        needs = tuple(s == slot for s in range(3))
-        values = []
-        for pair in pairs:
-            operands = [arrays[0], arrays[1], arrays[2]]
-            for s, pos in zip([s for s in range(3) if s != slot], pair):
-                operands[s] = arrays[pos]
-            values.append(bwd(*operands, gz, needs=needs)[slot])
-        return total(values)
-
-    dgz = total([fwd(*(arrays[p] for p in triple)) for triple in spec.dgz])
-    return (*(gradient(slot, pairs) for slot, pairs in enumerate(spec.pairs)), dgz)
+    return composed_second(fwd, bwd)(spec, arrays)
 
 
 def second(desc: TensorProductDescriptor, spec, arrays):
