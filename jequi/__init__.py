@@ -7,13 +7,15 @@
 >>> out = tp.conv(x, y, w, graph)
 
 Layers for Flax (linen, nnx) and Haiku: :mod:`jequi.nn`; a NequIP-style potential, its
-training and a shipped model: :mod:`jequi.models`.
+training and a shipped model: :mod:`jequi.models`. ``jequi.tensor_product`` is
+``e3nn_jax.tensor_product`` on jequi's kernels (docs/migration.md).
 """
 
 from . import problems
 from .atoms import edge_vectors, graph_from_atoms, radius_edges
 from .backends import available_backends, default_backend
 from .descriptor import Path, Segment, TensorProductDescriptor
+from .drop_in import tensor_product
 from .graph import Graph
 from .irreps import Irrep, Irreps
 from .products import TensorProduct, channelwise, fully_connected
@@ -36,4 +38,5 @@ __all__ = [
     "graph_from_atoms",
     "problems",
     "radius_edges",
+    "tensor_product",
 ]
