@@ -32,7 +32,7 @@ import e3nn_jax as e3nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-from timing import median_ms, save, timed
+from timing import save, timed
 
 import jequi
 

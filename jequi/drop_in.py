@@ -15,7 +15,6 @@ import dataclasses
 import functools
 
 import e3nn_jax as e3nn
-import jax
 import jax.numpy as jnp
 import numpy as np
 
