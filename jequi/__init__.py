@@ -6,7 +6,7 @@
 >>> graph = jequi.Graph.build(senders, receivers, num_nodes)   # once per structure
 >>> out = tp.conv(x, y, w, graph)
 
-Layers for Flax (linen, nnx) and Haiku: :mod:`jequi.nn`; a NequIP-style potential, its
+Layers for Flax (linen, nnx), Haiku and Equinox: :mod:`jequi.nn`; a NequIP-style potential, its
 training and a shipped model: :mod:`jequi.models`. ``jequi.tensor_product`` is
 ``e3nn_jax.tensor_product`` on jequi's kernels (docs/migration.md).
 """
