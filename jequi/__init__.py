@@ -6,14 +6,16 @@
 >>> graph = jequi.Graph.build(senders, receivers, num_nodes)   # once per structure
 >>> out = tp.conv(x, y, w, graph)
 
-Layers for Flax (linen, nnx) and Haiku: :mod:`jequi.nn`; a NequIP-style potential, its
-training and a shipped model: :mod:`jequi.models`.
+Layers for Flax (linen, nnx), Haiku and Equinox: :mod:`jequi.nn`; a NequIP-style potential, its
+training and a shipped model: :mod:`jequi.models`. ``jequi.tensor_product`` is
+``e3nn_jax.tensor_product`` on jequi's kernels (docs/migration.md).
 """
 
 from . import problems
 from .atoms import edge_vectors, graph_from_atoms, radius_edges
 from .backends import available_backends, default_backend
 from .descriptor import Path, Segment, TensorProductDescriptor
+from .drop_in import tensor_product
 from .graph import Graph
 from .irreps import Irrep, Irreps
 from .products import TensorProduct, channelwise, fully_connected
@@ -36,4 +38,5 @@ __all__ = [
     "graph_from_atoms",
     "problems",
     "radius_edges",
+    "tensor_product",
 ]

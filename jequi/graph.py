@@ -18,6 +18,15 @@ import numpy as np
 
 
 def check_num_nodes(num_nodes, name: str = "num_nodes") -> int:
+    """`num_nodes` as an int: it sets an output's shape, so it must be known when JAX traces."""
+    if isinstance(num_nodes, jax.core.Tracer):
+        raise ValueError(
+            f"jequi: {name} must be a static Python int, but it is a traced value ({num_nodes}) inside a JAX "
+            f"transform: under jax.jit mark it static (static_argnums / static_argnames), or build the "
+            f"jequi.Graph outside the transform and pass the Graph (its {name} is static)"
+        )
+    if isinstance(num_nodes, (np.ndarray, jax.Array)) and num_nodes.ndim == 0 and np.issubdtype(num_nodes.dtype, np.integer):
+        num_nodes = int(num_nodes)  # a concrete integer scalar array
     if not isinstance(num_nodes, numbers.Integral) or isinstance(num_nodes, bool) or num_nodes < 0:
         raise ValueError(f"{name} must be a non-negative Python int (static), got {num_nodes!r}")
     return int(num_nodes)
@@ -111,6 +120,13 @@ class Graph:
             senders, receivers, receiver_order, receiver_offsets[:-1], sender_order, sender_offsets,
             senders[receiver_order], receivers[sender_order], shifts, num_nodes, num_senders, edges_sorted,
         )  # fmt: skip
+
+    def __hash__(self):
+        # jax.jit hashes static arguments; a Graph holds arrays (its sizes are static already)
+        raise TypeError(
+            "jequi.Graph is not hashable (it holds index arrays): pass it to jax.jit as a regular "
+            "argument, not in static_argnums / static_argnames (num_nodes and num_senders stay static)"
+        )
 
     @property
     def num_edges(self) -> int:

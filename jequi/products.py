@@ -47,9 +47,18 @@ def _conv_kernels(desc: TensorProductDescriptor, backend: str, static: tuple, ka
     return autodiff.Kernels(forward, backward, second, name=f"{backend} conv{' kahan' if kahan else ''}: {desc}")
 
 
-def _unwrap(value, irreps: Irreps, name: str):
-    """Plain array of an input; checks an IrrepsArray's irreps. Returns (array, was_irreps_array)."""
+def _unwrap(value, irreps: Irreps, name: str, layout: str):
+    """Plain array of an input; checks an IrrepsArray's irreps. Returns (array, was_irreps_array).
+
+    An ``IrrepsArray`` holds e3nn's ``mul_ir`` layout, so a product in ``ir_mul`` refuses it
+    (its values would be read in the wrong order without any error)."""
     if isinstance(value, e3nn.IrrepsArray):
+        if layout != "mul_ir":
+            raise ValueError(
+                f"{name} is an e3nn_jax.IrrepsArray (layout mul_ir) but this jequi.TensorProduct has "
+                f"layout={layout!r}: pass {name}.array transposed to {layout} as a plain array, or build "
+                "the product with layout='mul_ir'"
+            )
         if value.irreps.simplify() != irreps.simplify():
             raise ValueError(f"{name} has irreps {value.irreps}, expected {irreps}")
         return value.array, True
@@ -149,8 +158,8 @@ class TensorProduct:
         return w
 
     def _inputs(self, x, y, w):
-        x, wrap_x = _unwrap(x, self.irreps_in1, "x")
-        y, wrap_y = _unwrap(y, self.irreps_in2, "y")
+        x, wrap_x = _unwrap(x, self.irreps_in1, "x", self.descriptor.layout)
+        y, wrap_y = _unwrap(y, self.irreps_in2, "y", self.descriptor.layout)
         x, y = jnp.asarray(x), jnp.asarray(y)
         w = self._weights(w)
         dtype = _float_dtype(("x", x), ("y", y), ("w", w))
@@ -285,8 +294,8 @@ class TensorProduct:
             return self.conv(x, y, hidden @ kernel, graph, backend=backend, kahan=kahan)
 
         wrap = isinstance(x, e3nn.IrrepsArray) or isinstance(y, e3nn.IrrepsArray)
-        x, _ = _unwrap(x, self.irreps_in1, "x")
-        y, _ = _unwrap(y, self.irreps_in2, "y")
+        x, _ = _unwrap(x, self.irreps_in1, "x", self.descriptor.layout)
+        y, _ = _unwrap(y, self.irreps_in2, "y", self.descriptor.layout)
         size = -(-num_edges // edge_chunks)
         pad = edge_chunks * size - num_edges
 
@@ -323,20 +332,28 @@ def channelwise(irreps_in1, irreps_in2, filter_irreps_out, **kwargs) -> TensorPr
     """The MACE/NequIP channelwise (``uvu``) product.
 
     One weighted ``uvu`` path for every ``(in1, in2, ir_out)`` with ``ir_out`` in
-    ``ir1 x ir2`` and in ``filter_irreps_out``; each path gets its own ``mul_in1 x ir_out``
-    output block, and output blocks are sorted by irrep (as MACE's
-    ``tp_out_irreps_with_instructions`` and OpenEquivariance's ``ChannelwiseTPP``).
+    ``ir1 x ir2`` and in ``filter_irreps_out`` (None: every ``ir_out``, as e3nn's
+    ``filter_ir_out=None``); each path gets its own ``mul_in1 x ir_out`` output block, and
+    output blocks are sorted by irrep (as MACE's ``tp_out_irreps_with_instructions`` and
+    OpenEquivariance's ``ChannelwiseTPP``).
     """
     irreps_in1 = as_irreps(irreps_in1, "irreps_in1")
     irreps_in2 = as_irreps(irreps_in2, "irreps_in2")
-    allowed = {ir for _, ir in as_irreps(filter_irreps_out, "filter_irreps_out")}
+    allowed = None
+    if filter_irreps_out is not None:
+        allowed = {ir for _, ir in as_irreps(filter_irreps_out, "filter_irreps_out")}
     outs, instructions = [], []
     for i, (mul, ir1) in enumerate(irreps_in1):
         for j, (_, ir2) in enumerate(irreps_in2):
             for ir in ir1 * ir2:
-                if ir in allowed:
+                if allowed is None or ir in allowed:
                     instructions.append((i, j, len(outs), "uvu", True))
                     outs.append((mul, ir))
+    if not instructions:
+        raise ValueError(
+            f"channelwise({irreps_in1}, {irreps_in2}, {filter_irreps_out}) has no path: no output irrep of "
+            f"{irreps_in1} x {irreps_in2} passes the filter (None keeps every output)"
+        )
     irreps_out, perm, _ = Irreps(outs).sort()
     instructions = sorted(((i, j, perm[k], m, t) for i, j, k, m, t in instructions), key=lambda ins: ins[2])
     return TensorProduct(irreps_in1, irreps_in2, irreps_out, instructions, **kwargs)

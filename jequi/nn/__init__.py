@@ -4,7 +4,8 @@ One module per framework, imported on demand (each needs its framework installed
 
 * :mod:`jequi.nn.linen` - Flax linen modules,
 * :mod:`jequi.nn.nnx` - Flax nnx modules,
-* :mod:`jequi.nn.haiku` - Haiku modules.
+* :mod:`jequi.nn.haiku` - Haiku modules,
+* :mod:`jequi.nn.equinox` - Equinox modules (``pip install jequi[equinox]``).
 
 Each offers ``TensorProduct`` and ``Conv``: the weights are either internal (one shared
 weight vector, a parameter initialised like e3nn-jax's: normal with ``tp.weight_std``) or
