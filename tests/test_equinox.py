@@ -7,21 +7,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import assert_close
+from test_layers import TP, inputs  # the same product and graph as the other layers' tests
 
-import jequi
 import jequi.nn.equinox as jeqx
 import jequi.nn.linen as jlinen
-
-TP = jequi.channelwise("4x0e+2x1o", "0e+1o", "0e+1o")
-
-
-def inputs(n=5, e=9):
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(n, TP.irreps_in1.dim))
-    y = rng.normal(size=(e, TP.irreps_in2.dim))
-    w = rng.normal(size=(e, TP.weight_numel))
-    graph = jequi.Graph.build(rng.integers(0, n, e), rng.integers(0, n, e), n)
-    return x, y, w, graph
 
 
 def test_weights_initialised_as_e3nn_and_the_other_layers():
