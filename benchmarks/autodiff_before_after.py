@@ -67,7 +67,7 @@ def passes():
     return {k: p[k] for k in ("bwd", "dbl", "dblf")}, extra
 
 
-def timed(fn, args):
+def compile_warm(fn, args):
     compiled = jax.jit(fn).lower(*args).compile()
     jax.block_until_ready(compiled(*args))
     return compiled
@@ -81,7 +81,7 @@ def pair(cells, name, fns, args, alternations: int = 3):
     compiled = {}
     for version, fn in fns.items():
         try:
-            compiled[version] = timed(fn, args[version])
+            compiled[version] = compile_warm(fn, args[version])
         except Exception as exc:  # noqa: BLE001 - recorded, the others go on
             cell = {"cell": name, "version": version, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
             cells.append(cell)

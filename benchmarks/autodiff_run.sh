@@ -4,8 +4,7 @@
 #   bash benchmarks/autodiff_run.sh --label COMMIT [autodiff_before_after.py args]
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-[ -d /tmp/peers ] || python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/peers .peers/*.whl
-export PYTHONPATH=$PWD:/tmp/peers:${PYTHONPATH:-} PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
+source benchmarks/model_env.sh
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 cd benchmarks && timeout "${BENCH_TIMEOUT:-560}" python3 autodiff_before_after.py --before ../.before --out "$OUT" "$@" 2>&1 \
   | grep -v "Benchmark\|warner" | tee "$OUT/autodiff_before_after.log"

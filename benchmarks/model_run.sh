@@ -5,7 +5,6 @@
 # model does not run), then runs benchmarks/model_step.py under MODEL_TIMEOUT seconds.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-[ -d /tmp/peers ] || python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/peers .peers/*.whl
-export PYTHONPATH=$PWD:/tmp/peers:${PYTHONPATH:-} PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
+source benchmarks/model_env.sh
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 cd benchmarks && timeout "${MODEL_TIMEOUT:-560}" python3 model_step.py --out "$OUT" "$@" 2>&1 | grep -v "Benchmark\|warner" | tee "$OUT/model_step.log"

@@ -9,15 +9,7 @@
 # Copy the first three into jequi/models/weights/ (and the log beside the results if wanted).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-# ase and e3nn-jax (the image lacks them): from .whl, else .peers' wheels (no OpenEquivariance build)
-if [ -d .whl ]; then source benchmarks/device_env.sh
-elif [ -d .peers ]; then
-  [ -d /tmp/peers ] || python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/peers .peers/*.whl
-  export PYTHONPATH=/tmp/peers:${PYTHONPATH:-}
-fi
-ls .whl/vesin*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps --target /tmp/site_vesin .whl/vesin*.whl \
-  && export PYTHONPATH=/tmp/site_vesin:${PYTHONPATH:-}
-export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
+source benchmarks/model_env.sh  # ase, e3nn-jax; vesin where .whl is carried
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/train.log"
 python3 -c 'import jax, ase, e3nn_jax; print("jax", jax.__version__, jax.devices(), "ase", ase.__version__)' 2>&1 | tee -a "$OUT/train.log"
 python3 -c 'import vesin; print("vesin", vesin.__version__)' 2>&1 | tail -1 | tee -a "$OUT/train.log"

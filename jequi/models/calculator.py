@@ -15,6 +15,7 @@ order ``xx yy zz yz xz xy``); it exists for cells periodic in all three directio
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import pathlib
@@ -123,7 +124,7 @@ class JequiCalculator(Calculator):
         if self.dtype == jnp.float64 and not jax.config.jax_enable_x64:
             raise ValueError("dtype float64 needs jax.config.update('jax_enable_x64', True) first")
         if backend is not None:
-            config = NequIPConfig(**{**config.__dict__, "backend": backend})
+            config = dataclasses.replace(config, backend=backend)
         self.config = config
         self.params = jax.tree.map(lambda a: jnp.asarray(a, self.dtype), params)
         self.growth, self.min_atoms, self.min_edges = growth, min_atoms, min_edges
