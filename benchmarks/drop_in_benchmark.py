@@ -121,7 +121,7 @@ def write(result, out) -> str:
         f"# e3nn-jax drop-in: product -> * radial -> scatter_sum, {result['device']} ({result['date']})", "",
         ", ".join(f"{k} {v}" for k, v in result["versions"].items() if v) + f"; {result['dtype']}, "
         f"{result['degree']} edges per node, receivers sorted; median of {result['repeat']} runs of {result['calls']} calls.",
-        "jequi.tensor_product ran on its default backend for uvuv products; the fused conv on the default conv backend. "
+        "jequi.tensor_product ran on its default backend (its blocks here are uvu: spherical harmonics have multiplicity one); the fused conv on the default conv backend. "
         "e3nn's einsums run at JAX's default matmul precision, jequi's xla backend at HIGHEST.", "",
         "| problem | edges | implementation | fwd ms | fwd+bwd ms | fwd / e3nn | fwd+bwd / e3nn | compile s (fwd, fwd+bwd) | diff vs e3nn |",
         "|---|---|---|---|---|---|---|---|---|",

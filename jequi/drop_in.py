@@ -2,8 +2,8 @@
 
 ``jequi.tensor_product(x, y)`` is ``e3nn_jax.tensor_product(x, y)``: the same values, output
 irreps and order, ``IrrepsArray`` in and out, so that an e3nn-jax model swaps it in one line.
-It runs as one :class:`jequi.TensorProduct` of unweighted ``uvuv`` paths (one per output
-block), built once per set of irreps and options (cached), whose output is already in
+It runs as one :class:`jequi.TensorProduct` of unweighted paths (one per output block:
+``uvuv``, or ``uvu`` / ``uvv`` where one input block has multiplicity one), built once per set of irreps and options (cached), whose output is already in
 e3nn's final order: the result is one flat array in e3nn's ``mul_ir`` layout, which e3nn's
 next operations (``* radial``, ``scatter_sum``, ``Linear``) read as views, with no sort or
 concatenation between them.
@@ -70,6 +70,17 @@ def _regrouped(irreps: Irreps, flags: tuple, regroup: bool):
     return order, simple, _simplified_flags(irreps_sorted, flags_sorted, simple)
 
 
+def _mode(mul1: int, mul2: int) -> str:
+    """The mode of one ``(mul1 x ir1) x (mul2 x ir2)`` block: ``uvuv`` in general; ``uvu`` when
+    ``mul2 == 1`` and ``uvv`` when ``mul1 == 1`` (the same values and order, and modes the GPU
+    kernels run: features times spherical harmonics, the usual case, leave the XLA backend)."""
+    if mul2 == 1:
+        return "uvu"
+    if mul1 == 1:
+        return "uvv"
+    return "uvuv"
+
+
 @functools.lru_cache(maxsize=512)
 def _plan(irreps1: Irreps, irreps2: Irreps, flags1: tuple, flags2: tuple, filter_ir_out, irrep_normalization: str, regroup: bool) -> _Plan:
     """The product of one case (see :class:`_Plan`); cached, so a jitted model builds it once."""
@@ -85,7 +96,7 @@ def _plan(irreps1: Irreps, irreps2: Irreps, flags1: tuple, flags2: tuple, filter
     out, p, inv = Irreps([(mul, ir) for _, _, mul, ir, _ in blocks]).sort()  # stable, as e3nn's
     flags = tuple(blocks[k][4] for k in inv)
     instructions = sorted(
-        (i1, i2, p[k], "uvuv", False) for k, (i1, i2, mul, _, zero) in enumerate(blocks) if not zero and mul > 0
+        (i1, i2, p[k], _mode(in1[i1].mul, in2[i2].mul), False) for k, (i1, i2, mul, _, zero) in enumerate(blocks) if not zero and mul > 0
     )
     tp = None
     if instructions:

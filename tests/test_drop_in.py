@@ -102,10 +102,15 @@ def test_product_is_built_once_per_case_and_backend_is_passed_through():
     key = (x.irreps, y.irreps, (False, False), (False,), None, "component", True)
     assert drop_in._plan(*key) is drop_in._plan(*key)
     plan = drop_in._plan(*key)
-    assert {ins[3] for ins in plan.tp.instructions} == {"uvuv"} and plan.tp.weight_numel == 0
+    # input 2 has multiplicity one: uvu paths (the kernels' mode), unweighted
+    assert {ins[3] for ins in plan.tp.instructions} == {"uvu"} and plan.tp.weight_numel == 0
+    x2 = irreps_array("2x1o", (3,), 2)
+    assert {ins[3] for ins in drop_in._plan(y.irreps, x2.irreps, (False,), (False,), None, "component", True).tp.instructions} == {"uvv"}
+    assert {ins[3] for ins in drop_in._plan(x2.irreps, x2.irreps, (False,), (False,), None, "component", True).tp.instructions} == {"uvuv"}
+    assert_close(jequi.tensor_product(y, x2).array, e3nn.tensor_product(y, x2).array, 1e-12)
     # the chosen backend reaches the product: Pallas' kernels do not run uvuv paths and say so
     with pytest.raises(ValueError, match="pallas"):
-        jequi.tensor_product(x, y, backend="pallas")
+        jequi.tensor_product(x2, x2, backend="pallas")
     with pytest.raises(ValueError, match="irrep_normalization"):
         jequi.tensor_product(x, y, irrep_normalization="unit")
     with pytest.raises(TypeError, match="two irreps"):

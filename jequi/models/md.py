@@ -214,8 +214,9 @@ class DeviceMD:
         positions = jnp.asarray(atoms.positions, dtype)
         graph, _ = jax.jit(neighbour_graph, static_argnums=2)(positions, self.cell, self.cells)
         model = NequIP(config)
-        grad = jax.jit(jax.grad(lambda p: model.apply(self.params, self.species, p, graph, self.cell).sum()))
-        self.state = (positions, jnp.asarray(atoms.get_velocities(), dtype), -grad(positions))
+        # the graph is an argument, not a closed-over constant: XLA would constant-fold its sort
+        grad = jax.jit(jax.grad(lambda p, g: model.apply(self.params, self.species, p, g, self.cell).sum()))
+        self.state = (positions, jnp.asarray(atoms.get_velocities(), dtype), -grad(positions, graph))
 
     @functools.cached_property
     def _compiled(self):
