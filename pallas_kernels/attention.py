@@ -440,7 +440,7 @@ def _backward_sources(args, n, n_src, h, bh, be, acc, p: Problem, need_k, need_v
             pos = start + t * be + jnp.arange(be, dtype=jnp.int32)
             valid = pos < end
             edge = jnp.where(valid, order_ref[jnp.minimum(pos, num_slots - 1)], 0)
-            i = edge // p.slots
+            i = jax.lax.div(edge, jnp.int32(p.slots))  # non-negative: no floor correction
             slot = edge - i * p.slots
             qi = _row_block(q_ref, i, heads, h, p.d, p.dp, valid, acc)  # [BE, BH, dp]
             doi = _row_block(do_ref, i, heads, h, p.dv, p.dvp, valid, acc)  # [BE, BH, dvp]
@@ -461,7 +461,7 @@ def _backward_sources(args, n, n_src, h, bh, be, acc, p: Problem, need_k, need_v
                 dv = dv + jnp.sum(_times(P, ev[U])[:, :, None] * doi, axis=0)
             return dk, dv
 
-        count = -(-(end - start) // be)
+        count = jax.lax.div(end - start + (be - 1), jnp.int32(be))
         dk, dv = jax.lax.fori_loop(0, count, step, (jnp.zeros((bh, p.dp), acc), jnp.zeros((bh, p.dvp), acc)))
         base = j * h + heads
         if need_k:
