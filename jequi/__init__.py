@@ -12,6 +12,7 @@ training and a shipped model: :mod:`jequi.models`. ``jequi.tensor_product`` is
 """
 
 from . import problems
+from .attention import neighbor_attention
 from .atoms import edge_vectors, graph_from_atoms, radius_edges
 from .backends import available_backends, default_backend
 from .descriptor import Path, Segment, TensorProductDescriptor
@@ -36,6 +37,7 @@ __all__ = [
     "edge_vectors",
     "fully_connected",
     "graph_from_atoms",
+    "neighbor_attention",
     "problems",
     "radius_edges",
     "tensor_product",
