@@ -84,8 +84,10 @@ def sharded_loss_and_grad(params, config: NequIPConfig, b: Batch, energy_weight=
 
 def train_step(config: NequIPConfig, optimizer, mesh: Mesh | None = None, energy_weight: float = 1.0, force_weight: float = 1.0):
     """A jitted ``step(params, opt_state, stacked_batch) -> (params, opt_state, metrics)`` on
-    `mesh` (default: all devices) for batches of :func:`sharded_batches`: the optax update of
-    :func:`jequi.models.train.train`'s step with the gradient summed over devices."""
+    `mesh` (default: all devices) for batches of :func:`sharded_batches` (:func:`put`): the optax
+    update of :func:`jequi.models.train.train`'s step with the gradient summed over devices.
+    Pass params and optimizer state :func:`replicate`-d (as the step returns them): an array's
+    placement is part of the compiled function's key."""
     import optax
 
     mesh = device_mesh() if mesh is None else mesh
@@ -102,6 +104,11 @@ def train_step(config: NequIPConfig, optimizer, mesh: Mesh | None = None, energy
         return optax.apply_updates(params, updates), opt_state, metrics
 
     return step
+
+
+def replicate(tree, mesh: Mesh):
+    """Every leaf of `tree` (parameters, optimizer state) copied to all devices of `mesh`."""
+    return jax.device_put(tree, NamedSharding(mesh, P()))
 
 
 def put(b: Batch, mesh: Mesh) -> Batch:

@@ -191,13 +191,14 @@ class ShardedCalculator(Calculator):
         self.mesh = device_mesh(devices)
         self.decomposition = Decomposition(self.mesh.devices.size, scheme, grid, growth, min_atoms, min_edges)
         self.params = jax.tree.map(lambda a: jnp.asarray(a, self.dtype), params)
-        # one jitted function per calculator: its cache holds one entry per layout (size buckets)
-        self.compiled = jax.jit(functools.partial(_evaluate, config, self.mesh), static_argnums=0)
+        # shared by the calculators of one model and mesh: its cache holds one entry per layout
+        self.compiled = compiled(config, self.mesh)
         self.shards = None
 
     @property
     def compilations(self) -> int:
-        """How many layouts the evaluation has been compiled for (one per bucket visited)."""
+        """How many layouts (size buckets) the evaluation of this model on this mesh has been
+        compiled for, by this calculator and any other of the same model, mesh and dtype."""
         return self.compiled._cache_size()
 
     def calculate(self, atoms=None, properties=("energy",), system_changes=all_changes):

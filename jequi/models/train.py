@@ -148,6 +148,8 @@ def train(
         params = {"params": {**params["params"], "species_shift": shift}}
     optimizer = optax.inject_hyperparams(optax.adam)(learning_rate=learning_rate)
     opt_state = optimizer.init(params)
+    if devices > 1:  # on every device, as each step returns them: the step compiles once
+        params, opt_state = data_parallel.replicate((params, opt_state), mesh)
     lr_dtype = opt_state.hyperparams["learning_rate"].dtype  # set every step as a (non-weak) array: one compilation
 
     def one_device_step(params, opt_state, b):
