@@ -84,9 +84,10 @@ class Structure:
         edges = neighbour_list(atoms, config.cutoff)
         return cls(atoms, edges, config.species_index(atoms.numbers), time.perf_counter() - t0)
 
-    def split(self, devices: int, scheme: str, config: NequIPConfig):
+    def split(self, devices: int, scheme: str, config: NequIPConfig, growth: float):
         a = self.atoms
-        return split(a.positions, a.cell.array, a.pbc, self.species, *self.edges, Decomposition(devices, scheme), config.num_layers)
+        dec = Decomposition(devices, scheme, growth=growth)
+        return split(a.positions, a.cell.array, a.pbc, self.species, *self.edges, dec, config.num_layers)
 
 
 def local_send(sends, values):
@@ -135,11 +136,12 @@ def conv_input_widths(config: NequIPConfig) -> list[int]:
     return [hidden.count("0e")] + [hidden.dim] * (config.num_layers - 1)
 
 
-def measure_cell(config, params, structure: Structure, devices: int, scheme: str, breakdown: bool, reference=None, repeat: int = 3) -> dict:
+def measure_cell(config, params, structure: Structure, devices: int, scheme: str, growth: float, breakdown: bool = False,
+                 reference=None, repeat: int = 3) -> dict:  # fmt: skip
     """One sharded energy + forces call: split, compile, time; optionally the breakdown."""
     cell = {"atoms": len(structure.atoms), "devices": devices, "scheme": scheme}
     t0 = time.perf_counter()
-    shards = structure.split(devices, scheme, config)
+    shards = structure.split(devices, scheme, config, growth)
     cell["split_s"] = time.perf_counter() - t0
     lay = shards.layout
     cell.update(grid=list(shards.grid), shifts=list(lay.shifts), padded={"owned": lay.owned, "ghosts": lay.ghosts, "edges": lay.edges},
@@ -238,7 +240,7 @@ def run_scaling(a, config, result, out) -> None:
         else:
             t0 = time.perf_counter()
             try:
-                measured, forces = measure_cell(config, params, structure, devices, scheme, breakdown, reference)
+                measured, forces = measure_cell(config, params, structure, devices, scheme, a.growth, breakdown, reference)
                 cell.update(measured)
             except Exception as exc:  # noqa: BLE001  (out of memory, a failed collective: recorded)
                 cell["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
@@ -275,8 +277,9 @@ def attempt(a, atoms: int, devices: int) -> dict:
     """One largest-search size in a fresh process (the allocator of a process that ran other
     sizes can be too fragmented for the largest)."""
     out = tempfile.mkdtemp()
-    cmd = [sys.executable, __file__, "--attempt", str(atoms), "--max-devices", str(devices), "--model", a.model, "--out", out]
-    cmd += ["--smoke"] if a.smoke else []
+    cmd = [sys.executable, __file__, "--attempt", str(atoms), "--max-devices", str(devices), "--model", a.model, "--out", out,
+           "--growth", str(a.growth)]  # fmt: skip
+    cmd += (["--smoke"] if a.smoke else []) + (["--backend", a.backend] if a.backend else [])
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=a.attempt_timeout)
         lines = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
@@ -290,35 +293,42 @@ def attempt(a, atoms: int, devices: int) -> dict:
 
 def run_largest(a, result, out) -> None:
     """Largest on 1 device by doubling (then one size between); on the most devices, D x that,
-    else 3.5x."""
+    else 3.5x. A size not tried for lack of time (--max-seconds) ends the search, recorded."""
     deadline = time.perf_counter() + a.max_seconds
-    counts = device_counts(a.max_devices)
+    devices = device_counts(a.max_devices)[-1]
     found = result["largest"]
 
-    def go(atoms, devices):
+    def go(atoms, on):
         if time.perf_counter() > deadline:
-            return {"error": "skipped: --max-seconds spent"}
-        cell = attempt(a, atoms, devices)
+            found["stopped"] = f"--max-seconds spent before {atoms} atoms on {on} device(s)"
+            write(result, out, "scaling-largest")
+            return None
+        cell = attempt(a, atoms, on)
         result["cells"].append(cell)
         write(result, out, "scaling-largest")
         return cell
 
     fits, fails, size = None, None, a.largest_start
     while size <= a.largest_stop:
-        cell = go(size, 1)
+        if (cell := go(size, 1)) is None:
+            return
         if "error" in cell:
-            fails = size
+            fails, error = size, cell["error"]
             break
         fits, size = cell["atoms"], size * 2
+    found["1"] = {"fits": fits, "fails": fails, "error": error if fails else None}
     if fits and fails:
         between = int((fits * fails) ** 0.5)
-        if "error" not in (cell := go(between, 1)):
-            fits = cell["atoms"]
-    found["1"] = {"fits": fits, "fails": fails}
-    devices = counts[-1]
+        if (cell := go(between, 1)) is None:
+            return
+        if "error" in cell:
+            found["1"].update(fails=between, error=cell["error"])
+        else:
+            found["1"]["fits"] = fits = cell["atoms"]
     if devices > 1 and fits:
         for factor in (devices, 3.5):
-            cell = go(int(factor * fits), devices)
+            if (cell := go(int(factor * fits), devices)) is None:
+                return
             if "error" not in cell:
                 found[str(devices)] = {"fits": cell["atoms"], "ratio": cell["atoms"] / fits}
                 break
@@ -330,8 +340,8 @@ def write(result, out, name: str = "scaling") -> None:
     cfg = result["config"]
     lines = [f"# Scaling of one structure split over devices: {result['device']} ({result['date']})", "",
              f"jax {result['jax']}, model {result['model']} (hidden {cfg['hidden']}, lmax {cfg['sh_lmax']}, {cfg['num_layers']} layers, "
-             f"cutoff {cfg['cutoff']} A), float32, energy + forces + virial of a rattled fcc Cu-Au alloy; NCCL_NVLS_ENABLE="
-             f"{result['nccl_nvls_enable']}", ""]  # fmt: skip
+             f"cutoff {cfg['cutoff']} A, backend {cfg['backend']}), float32, energy + forces + virial of a rattled fcc Cu-Au alloy; "
+             f"sizes padded to buckets of growth {result['args']['growth']}; NCCL_NVLS_ENABLE={result['nccl_nvls_enable']}", ""]  # fmt: skip
     cells = [c for c in result["cells"] if c["part"] in ("strong", "weak")]
     if cells:
         lines += ["| part | atoms | devices | scheme | regions | ms | efficiency | atoms / ghosts / edges per device (max real; padded) "
@@ -349,6 +359,9 @@ def write(result, out, name: str = "scaling") -> None:
     if result.get("largest"):
         lines += ["", "Largest structure that runs (each size in a fresh process):", ""]
         for devices, v in result["largest"].items():
+            if devices == "stopped":
+                lines.append(f"- search stopped: {v}")
+                continue
             ratio = f", {v['ratio']:.2f}x one device's" if v.get("ratio") else ""
             fails = f"fails at {v['fails']}: {str(v.get('error', ''))[:120]}" if v.get("fails") else "larger not tried"
             lines.append(f"- {devices} device(s): {v.get('fits')} atoms{ratio} ({fails})")
@@ -414,7 +427,7 @@ def plot(result, out: pathlib.Path):
     axes[1].axhline(80, color="gray", lw=0.8, ls=":")
     for ax in axes:
         ax.set_xticks(sorted({c["devices"] for c in cells}))
-        if ax.lines:
+        if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
     fig.suptitle(f"{result['model']} on {result['device']} ({result['date']})", fontsize=9)
     fig.tight_layout()
@@ -432,9 +445,13 @@ def main():
     ap.add_argument("--model", choices=MODELS, default="nequip-oam-l")
     ap.add_argument("--parts", default="strong,weak,breakdown", help="comma list of strong, weak, breakdown, largest")
     ap.add_argument("--schemes", default="exchange,halo")
+    ap.add_argument("--backend", help="jequi backend of the convolutions (default: the fastest available)")
     ap.add_argument("--strong-atoms", type=int, default=256_000)
     ap.add_argument("--weak-atoms", type=int, default=64_000, help="atoms per device")
     ap.add_argument("--max-devices", type=int, help="use at most this many of the devices JAX sees")
+    ap.add_argument("--growth", type=float, default=1.01,
+                    help="size buckets (Decomposition.growth): near-exact, so padding does not blur the scaling (MD's default 1.25 "
+                         "pads up to 25 %% on one device and on many)")  # fmt: skip
     ap.add_argument("--largest-start", type=int, default=256_000)
     ap.add_argument("--largest-stop", type=int, default=8_192_000)
     ap.add_argument("--attempt-timeout", type=int, default=200, help="seconds for one largest-search size")
@@ -447,10 +464,10 @@ def main():
         jax.config.update("jax_num_cpu_devices", 4)  # before JAX starts; a GPU platform is unaffected
         if a.attempt is None:
             a.strong_atoms, a.weak_atoms, a.largest_start, a.largest_stop = 2048, 500, 500, 1000
-    config = SMOKE_MODEL if a.smoke else MODELS[a.model]
+    config = dataclasses.replace(SMOKE_MODEL if a.smoke else MODELS[a.model], backend=a.backend)
     if a.attempt is not None:  # a child of the largest search: one cell, its JSON line on stdout
         params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), init(config))
-        cell, _ = measure_cell(config, params, Structure.make(a.attempt, config), a.max_devices, "exchange", False, repeat=1)
+        cell, _ = measure_cell(config, params, Structure.make(a.attempt, config), a.max_devices, "exchange", a.growth, repeat=1)
         print(json.dumps(cell), flush=True)
         return
     def new_result():
