@@ -197,8 +197,8 @@ class ShardedCalculator(Calculator):
 
     @property
     def compilations(self) -> int:
-        """How many layouts (size buckets) the evaluation of this model on this mesh has been
-        compiled for, by this calculator and any other of the same model, mesh and dtype."""
+        """How many layouts (size buckets; and dtypes) the evaluation of this model on this mesh
+        has been compiled for, by this calculator and any other of the same model and mesh."""
         return self.compiled._cache_size()
 
     def calculate(self, atoms=None, properties=("energy",), system_changes=all_changes):
