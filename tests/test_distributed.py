@@ -25,53 +25,52 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 F64 = 1e-12  # float64: the split changes only the order of sums
 
 
-@pytest.fixture(scope="module")
-def checks(tmp_path_factory):
-    out = tmp_path_factory.mktemp("multidevice") / "checks.json"
+def multidevice_failures(r: dict) -> list[str]:
+    """What in the results of tests/multidevice_checks.py is not as it must be."""
+    bad = []
+
+    def check(ok, what):
+        if not ok:
+            bad.append(what)
+
+    check(r["devices"] == 4, f"4 host devices, got {r['devices']}")
+    for case in ("periodic", "open", "planes"):
+        for scheme in ("exchange", "halo"):
+            c = r["structures"][f"{case}/{scheme}/4"]
+            for what in ("energy", "energies", "forces", "virial"):  # float64: the split changes only the order of sums
+                check(c[what] < F64, f"{case}/{scheme}: {what} deviates by {c[what]:.2e} from one device")
+            check(c["max_force"] > 1e-3, f"{case}/{scheme}: no forces to compare")
+            check(sum(c["owned"]) == c["atoms"] and max(c["ghosts"]) > 0, f"{case}/{scheme}: ownership {c}")
+    s = r["structures"]
+    planes = s["planes/exchange/4"]
+    check(planes["owned"][0] == 0 and planes["ghosts"][0] == 0, f"planes: region 0 should hold nothing: {planes}")
+    check(planes["atoms_on_cuts"] == planes["atoms"], f"planes: every atom should lie on a cut plane: {planes}")
+    check(s["periodic/halo/4"]["ghosts"][0] > s["periodic/exchange/4"]["ghosts"][0], "halo ghosts should reach further")
+    t = r["training"]
+    check(t["loss"] < F64 and t["params"] < F64, f"data-parallel training differs from one device: {t}")
+    check(t["moved"] > 1e-3 and len(t["losses"]) == 3, f"training did not run its 3 steps: {t}")
+    c = r["calculator"]["calculator"]
+    check(c["energy"] < 1e-5 and c["forces"] < 1e-5 and c["stress"] < 1e-5, f"float32 calculator on 2 devices: {c}")
+    check(c["md_energy"] < 1e-6 and c["md_positions"] < 1e-6, f"MD on 2 devices (eV/atom, A after 4 steps): {c}")
+    check(c["compilations"] == 1, f"MD should compile once (size buckets): {c}")
+    check(c["shifts"] == [1], f"on 2 devices, left and right neighbour are one device: {c}")
+    m = r["calculator"]["main"]
+    check(m["split_line"] and m["energy"] <= 1e-4 and m["forces"] <= 1e-4, f"python -m jequi --devices 2 (4 decimals): {m}")
+    return bad
+
+
+@pytest.mark.slow  # one subprocess of about 90 s of CPU: started first under pytest-xdist
+def test_four_host_devices_give_the_one_device_results(tmp_path):
+    """Both schemes against one device (periodic, open, atoms on region boundaries, an empty
+    region), the sharded calculator and MD, python -m jequi --devices 2, data-parallel training:
+    all in one subprocess (one test, so pytest-xdist starts it once)."""
+    out = tmp_path / "checks.json"
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     run = subprocess.run([sys.executable, str(ROOT / "tests" / "multidevice_checks.py"), str(out)], env=env, cwd=ROOT,
                          capture_output=True, text=True, timeout=900)  # fmt: skip
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-6000:]
-    return json.loads(out.read_text())
-
-
-@pytest.mark.parametrize("case", ["periodic/exchange/4", "periodic/halo/4", "open/exchange/4", "open/halo/4", "planes/exchange/4", "planes/halo/4"])
-def test_sharded_energy_forces_stress_equal_one_device(checks, case):
-    assert checks["devices"] == 4
-    c = checks["structures"][case]
-    for what in ("energy", "energies", "forces", "virial"):
-        assert c[what] < F64, (case, what, c)
-    assert c["max_force"] > 1e-3  # forces that are there to compare
-    assert 0 < max(c["ghosts"]) and sum(c["owned"]) == c["atoms"]
-
-
-def test_cases_hold_what_they_claim(checks):
-    s = checks["structures"]
-    planes = s["planes/exchange/4"]
-    assert planes["owned"][0] == 0 and planes["ghosts"][0] == 0, planes  # a region without atoms
-    assert planes["atoms_on_cuts"] == planes["atoms"]  # every atom on a cut plane
-    assert s["periodic/halo/4"]["ghosts"][0] > s["periodic/exchange/4"]["ghosts"][0]  # two cutoffs deep vs one
-    assert checks["calculator"]["calculator"]["shifts"] == [1]  # on 2 devices, left and right neighbour are one device
-
-
-def test_data_parallel_training_equals_one_device(checks):
-    t = checks["training"]
-    assert t["loss"] < F64 and t["params"] < F64, t
-    assert t["moved"] > 1e-3  # the steps changed the parameters
-    assert len(t["losses"]) == 3
-
-
-def test_sharded_calculator_and_md_on_two_devices_in_float32(checks):
-    c = checks["calculator"]["calculator"]
-    assert c["energy"] < 1e-5 and c["forces"] < 1e-5 and c["stress"] < 1e-5, c
-    assert c["md_energy"] < 1e-6 and c["md_positions"] < 1e-6, c  # eV/atom, Å after 4 steps
-    assert c["compilations"] == 1, c  # moving atoms stay in their size buckets
-
-
-def test_main_job_on_two_devices_prints_the_one_device_numbers(checks):
-    m = checks["calculator"]["main"]
-    assert m["split_line"]
-    assert m["energy"] <= 1e-4 and m["forces"] <= 1e-4, m  # printed to 4 decimals
+    failures = multidevice_failures(json.loads(out.read_text()))
+    assert not failures, "\n".join(failures)
 
 
 # --- host side: regions, ghosts, padding, errors -----------------------------------------------
@@ -210,3 +209,12 @@ def test_more_devices_than_jax_has_is_a_clear_error():
         device_mesh(len(jax.devices()) + 1)
     with pytest.raises(ValueError, match="devices must be a positive int"):
         device_mesh(0)
+
+
+def test_parameters_by_name_from_linen_or_haiku():
+    from jequi.models.distributed import model_parameters
+
+    names = {"embed": np.zeros(2)}
+    assert model_parameters({"params": names}) is names and model_parameters({"nequip": names}) is names
+    with pytest.raises(ValueError, match="linen model's"):
+        model_parameters({"w": 1})

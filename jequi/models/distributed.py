@@ -60,6 +60,16 @@ def exchange(layout: Layout, sends, values):
     return jnp.concatenate(blocks)
 
 
+def model_parameters(params) -> dict:
+    """The parameters by name, from the Flax linen model's ``{"params": ...}`` or the Haiku
+    model's ``{"nequip": ...}``."""
+    for key in ("params", "nequip"):
+        if isinstance(params, dict) and key in params:
+            return params[key]
+    raise ValueError(f"params must be the linen model's {{'params': ...}} or the Haiku model's {{'nequip': ...}}, got keys "
+                     f"{list(params) if isinstance(params, dict) else type(params).__name__}")  # fmt: skip
+
+
 def device_energy(config: NequIPConfig, layout: Layout, params, species, positions, cell, senders, receivers, shifts,
                   atom_mask, strain, send):  # fmt: skip
     """One device's energy and per-atom energies of its own atoms, at ``strain`` (positions and
@@ -68,7 +78,8 @@ def device_energy(config: NequIPConfig, layout: Layout, params, species, positio
     deform = jnp.eye(3, dtype=positions.dtype) + 0.5 * (strain + strain.T)
     local_positions = send(positions @ deform)
     graph = Graph.build(senders, receivers, layout.nodes, num_senders=layout.local, shifts=shifts)
-    param = lambda name, shape, std: params["params"][name]  # noqa: E731
+    named = model_parameters(params)
+    param = lambda name, shape, std: named[name]  # noqa: E731
     per_atom = atomic_energies(param, config, species, local_positions, graph, cell @ deform,
                                exchange=send if layout.scheme == "exchange" else None)  # fmt: skip
     per_atom = jnp.where(atom_mask, per_atom[: layout.owned], 0.0)
@@ -143,7 +154,8 @@ class Result:
 
 def evaluate(params, config: NequIPConfig, shards: Shards, mesh: Mesh | None = None, dtype=jnp.float32) -> Result:
     """Energy, per-atom energies, forces and virial of a split structure on ``mesh`` (default:
-    the first ``shards.layout.devices`` devices), in ``dtype``."""
+    the first ``shards.layout.devices`` devices), in ``dtype``. ``params``: the linen model's
+    (``{"params": ...}``, as :class:`~jequi.models.JequiCalculator` takes) or the Haiku model's."""
     mesh = device_mesh(shards.layout.devices) if mesh is None else mesh
     params = jax.tree.map(lambda a: jnp.asarray(a, dtype), params)
     energy, per_atom, forces, virial = compiled(config, mesh)(shards.layout, params, *device_arrays(shards, mesh, dtype))
