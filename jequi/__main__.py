@@ -69,7 +69,7 @@ def main(argv=None):
     ap.add_argument("--md", type=int, default=100, metavar="STEPS", help="molecular-dynamics steps after the single point (0: none)")
     ap.add_argument("--md-timestep", type=float, default=1.0, metavar="FS", help="MD time step, fs")
     ap.add_argument("--temperature", type=float, default=300.0, help="MD starting temperature, K")
-    ap.add_argument("--devices", type=int, default=1, metavar="N", help="split the structure over N devices (default 1)")
+    ap.add_argument("--devices", type=int, default=1, metavar="N", help="split the structure (and --train's batches) over N devices (default 1)")
     ap.add_argument("--scheme", choices=SCHEMES, default="exchange", help="--devices: how (jequi.models.decomposition)")
     a = ap.parse_args(argv)
     if a.devices < 1:
@@ -87,7 +87,8 @@ def main(argv=None):
         config = NequIPConfig()  # a small model: a brief training on a CPU, not the shipped width
         train_set, val_set = data.emt_dataset(96, seed=11), data.emt_dataset(16, seed=12)
         print(f"training a fresh model on {len(train_set)} EMT structures ({a.steps} steps)")
-        params, history = train(config, train_set, val_set, steps=a.steps, eval_every=max(1, a.steps // 3), energy_weight=30.0)
+        params, history = train(config, train_set, val_set, steps=a.steps, eval_every=max(1, a.steps // 3), energy_weight=30.0,
+                                devices=a.devices)  # data-parallel over the same devices
         print(f"trained in {history.seconds:.1f} s: validation energy MAE {1e3 * history.val_energy_mae[-1]:.1f} meV/atom, "
               f"force MAE {1e3 * history.val_force_mae[-1]:.0f} meV/A (loss {history.loss[0]:.3f} -> {history.loss[-1]:.3f})\n")
         info = {"val_energy_mae_eV_per_atom": history.val_energy_mae[-1], "val_force_mae_eV_per_A": history.val_force_mae[-1]}

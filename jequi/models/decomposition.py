@@ -106,6 +106,7 @@ class Shards:
     axis, padded to ``layout``. Local rows of a device: its own atoms (``owned`` rows), then
     its ghost blocks.
 
+    * ``num_atoms``: the structure's; ``cell`` ``(3, 3)``: its cell;
     * ``atom_ids`` ``(D, owned)``: the structure's index of each own row (-1: padding);
     * ``species`` ``(D, layout.nodes)``: species indices of the rows the layers run on;
     * ``positions`` ``(D, owned, 3)``: own atoms' positions (ghosts' are sent by their owners);
