@@ -355,7 +355,7 @@ def write(result, out, name: str = "scaling") -> None:
                       "| sharded step | slowest device alone | mean device alone | collectives alone (MB sent per device) | rest (waiting, sync) |",
                       "|---|---|---|---|---|",
                       f"| {c['ms']:.1f} | {b['compute_ms_max']:.1f} | {b['compute_ms_mean']:.1f} | {b['exchange_ms']:.2f} "
-                      f"({b['exchange_mb_per_device']:.0f}) | {b['rest_ms']:.1f} |"]  # fmt: skip
+                      f"({b['exchange_mb_per_device']:.1f}) | {b['rest_ms']:.1f} |"]  # fmt: skip
     if result.get("largest"):
         lines += ["", "Largest structure that runs (each size in a fresh process):", ""]
         for devices, v in result["largest"].items():
