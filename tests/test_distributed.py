@@ -218,3 +218,33 @@ def test_parameters_by_name_from_linen_or_haiku():
     assert model_parameters({"params": names}) is names and model_parameters({"nequip": names}) is names
     with pytest.raises(ValueError, match="linen model's"):
         model_parameters({"w": 1})
+
+
+def test_scaling_benchmark_efficiencies_and_tables(tmp_path, monkeypatch):
+    """benchmarks/scaling_benchmark.py's strong and weak efficiencies and its markdown, on made-up cells."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    monkeypatch.delenv("OUT", raising=False)
+    import scaling_benchmark as sb
+
+    def cell(part, atoms, devices, ms, scheme="exchange", **extra):
+        return {"part": part, "atoms": atoms, "devices": devices, "scheme": scheme, "ms": ms, "grid": [1, 1, devices],
+                "real": {"owned": [atoms // devices], "ghosts": [10], "edges": [100]}, "padded": {"owned": 1, "ghosts": 1, "edges": 1},
+                **extra}  # fmt: skip
+
+    cells = [cell("strong", 4000, 1, 100.0), cell("strong", 4000, 4, 31.25), cell("strong", 4000, 4, 50.0, "halo"),
+             cell("weak", 1000, 1, 30.0), cell("weak", 4000, 4, 40.0, breakdown=None),
+             cell("strong", 4000, 2, 60.0, error="skipped: budget")]  # fmt: skip
+    del cells[-1]["ms"]
+    assert sb.efficiency(cells[1], cells) == pytest.approx(0.8)  # 100 / (4 x 31.25)
+    assert sb.efficiency(cells[2], cells) == pytest.approx(0.5)
+    assert sb.efficiency(cells[4], cells) == pytest.approx(0.75)  # (30 / 1000) / (40 x 4 / 4000)
+    assert sb.efficiency(cells[5], cells) is None
+    cells[1]["breakdown"] = {"compute_ms_max": 26.0, "compute_ms_mean": 25.0, "exchange_ms": 1.5, "exchange_mb_per_device": 12.0, "rest_ms": 3.75}
+    result = {"date": "2026-11-27", "device": "Test GPU x4", "jax": "0", "model": "m", "nccl_nvls_enable": "0", "cells": cells,
+              "config": {"hidden": "8x0e", "sh_lmax": 1, "num_layers": 2, "cutoff": 4.5, "backend": None}, "args": {"growth": 1.01},
+              "largest": {"1": {"fits": 1000, "fails": 2000, "error": "RESOURCE_EXHAUSTED"}, "4": {"fits": 4000, "ratio": 4.0}}}  # fmt: skip
+    sb.write(result, tmp_path)
+    md = (tmp_path / "2026-11-27-test-gpu-x4-scaling.md").read_text()
+    assert "| strong | 4000 | 4 | exchange | 1x1x4 | 31.2 | 80 % |" in md and "| weak | 4000 | 4 | exchange | 1x1x4 | 40.0 | 75 % |" in md
+    assert "| 31.2 | 26.0 | 25.0 | 1.50 (12.0) | 3.8 |" in md  # where the time goes
+    assert "- 4 device(s): 4000 atoms, 4.00x one device's (larger not tried)" in md and "skipped: budget" in md
