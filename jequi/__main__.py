@@ -8,7 +8,9 @@ calculator knows the elements, the reference energy and forces. Then it runs a s
 molecular dynamics (``--md STEPS``, default 100; 0: none): velocity Verlet at constant energy
 from 300 K through ase with :class:`jequi.models.JequiCalculator`, printing steps per second
 and the energy drift. ``--train`` first trains a fresh model for a short while (progress bar)
-and reports its validation errors.
+and reports its validation errors. ``--devices N`` splits the structure over N devices
+(:mod:`jequi.models.distributed`; on a CPU, N host devices) and prints the same energy and
+forces as one device.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import numpy as np
 
 import jequi
 from jequi.models import JequiCalculator, NequIPConfig, ase_nve, data, pretrained
+from jequi.models.decomposition import SCHEMES
 
 
 def default_structure():
@@ -66,7 +69,16 @@ def main(argv=None):
     ap.add_argument("--md", type=int, default=100, metavar="STEPS", help="molecular-dynamics steps after the single point (0: none)")
     ap.add_argument("--md-timestep", type=float, default=1.0, metavar="FS", help="MD time step, fs")
     ap.add_argument("--temperature", type=float, default=300.0, help="MD starting temperature, K")
+    ap.add_argument("--devices", type=int, default=1, metavar="N", help="split the structure (and --train's batches) over N devices (default 1)")
+    ap.add_argument("--scheme", choices=SCHEMES, default="exchange", help="--devices: how (jequi.models.decomposition)")
     a = ap.parse_args(argv)
+    if a.devices < 1:
+        ap.error(f"--devices must be >= 1, got {a.devices}")
+    if a.devices > 1:
+        try:  # a CPU gets N host devices; a GPU platform is unaffected
+            jax.config.update("jax_num_cpu_devices", a.devices)
+        except RuntimeError:  # JAX already started (main called from a program): the devices it has are checked below
+            pass
 
     params, config, info = pretrained.load()
     if a.train:
@@ -75,7 +87,8 @@ def main(argv=None):
         config = NequIPConfig()  # a small model: a brief training on a CPU, not the shipped width
         train_set, val_set = data.emt_dataset(96, seed=11), data.emt_dataset(16, seed=12)
         print(f"training a fresh model on {len(train_set)} EMT structures ({a.steps} steps)")
-        params, history = train(config, train_set, val_set, steps=a.steps, eval_every=max(1, a.steps // 3), energy_weight=30.0)
+        params, history = train(config, train_set, val_set, steps=a.steps, eval_every=max(1, a.steps // 3), energy_weight=30.0,
+                                devices=a.devices)  # data-parallel over the same devices
         print(f"trained in {history.seconds:.1f} s: validation energy MAE {1e3 * history.val_energy_mae[-1]:.1f} meV/atom, "
               f"force MAE {1e3 * history.val_force_mae[-1]:.0f} meV/A (loss {history.loss[0]:.3f} -> {history.loss[-1]:.3f})\n")
         info = {"val_energy_mae_eV_per_atom": history.val_energy_mae[-1], "val_force_mae_eV_per_A": history.val_force_mae[-1]}
@@ -88,15 +101,29 @@ def main(argv=None):
 
     backend = a.backend or jequi.default_backend()
     config = NequIPConfig(**{**config.__dict__, "backend": backend})
-    calc = JequiCalculator((params, config))  # the single point and the MD share its compilation
-    inputs = calc.padded_inputs(atoms)
+    # the single point and the MD share the calculator's compilation
+    if a.devices > 1:
+        from jequi.models.distributed import ShardedCalculator, device_arrays, split_atoms
 
-    def energy_forces(*inputs):
-        total, _, forces, _ = calc.compiled(calc.params, *inputs)
-        return total, forces[: len(atoms)]
+        calc = ShardedCalculator((params, config), devices=a.devices, scheme=a.scheme)
+        t0 = time.perf_counter()
+        shards = split_atoms(atoms, calc.config, calc.decomposition)
+        split_s = time.perf_counter() - t0
+        inputs = (shards.layout, calc.params, *device_arrays(shards, calc.mesh, calc.dtype))
+
+        def energy_forces(*inputs):
+            total, _, forces, _ = calc.compiled(*inputs)
+            return total, forces
+    else:
+        calc = JequiCalculator((params, config))
+        inputs = calc.padded_inputs(atoms)
+
+        def energy_forces(*inputs):
+            total, _, forces, _ = calc.compiled(calc.params, *inputs)
+            return total, forces[: len(atoms)]
 
     (energy, forces), first_s, call_s = timed(energy_forces, *inputs)
-    forces = np.asarray(forces)
+    forces = shards.gather(forces) if a.devices > 1 else np.asarray(forces)
     print(f"structure: {source}: {atoms.get_chemical_formula()}, {len(atoms)} atoms, pbc={atoms.pbc.tolist()}")
     print(f"model: NequIP-style, {config.num_layers} layers, hidden {config.hidden}, cutoff {config.cutoff} A, "
           f"{sum(x.size for x in jax.tree.leaves(params))} parameters; held-out errors "
@@ -105,8 +132,14 @@ def main(argv=None):
              f"{1e3 * info['large_force_mae_eV_per_A']:.0f} meV/A)" if "large_force_mae_eV_per_A" in info else ""))
     if not a.train and (pretrained.WEIGHTS / f"{pretrained.NAME}.md").exists():
         print(f"model card: {pretrained.WEIGHTS / f'{pretrained.NAME}.md'}")
-    num_edges = int((np.asarray(inputs[4]) >= 0).sum())
-    print(f"graph: {num_edges} edges (padded to {inputs[4].shape[0]}); JAX platform {jax.default_backend()}, jequi backend {backend!r}")
+    if a.devices > 1:
+        lay, c = shards.layout, shards.counts
+        print(f"graph: {c['edges'].sum()} edges split over {a.devices} {jax.default_backend()} devices by the {a.scheme!r} scheme, "
+              f"regions {shards.grid}: per device atoms {c['owned'].tolist()}, ghosts {c['ghosts'].tolist()}, edges "
+              f"{c['edges'].tolist()} (padded to {lay.owned}, {lay.ghosts}, {lay.edges}; host split {1e3 * split_s:.0f} ms); jequi backend {backend!r}")
+    else:
+        num_edges = int((np.asarray(inputs[4]) >= 0).sum())
+        print(f"graph: {num_edges} edges (padded to {inputs[4].shape[0]}); JAX platform {jax.default_backend()}, jequi backend {backend!r}")
     print(f"\nenergy: {float(energy):.4f} eV ({float(energy) / len(atoms):.4f} eV/atom)")
     print("forces (eV/A), first atoms:")
     for i in range(min(5, len(atoms))):
@@ -120,7 +153,7 @@ def main(argv=None):
     if a.md > 0:
         md = ase_nve(atoms, calc, a.md, timestep_fs=a.md_timestep, temperature_K=a.temperature)
         print(f"\nMD: {a.md} steps of velocity Verlet (NVE, {a.md_timestep} fs, from {a.temperature:.0f} K) through ase and "
-              f"JequiCalculator (vesin neighbour list, sizes padded to buckets: {calc.compilations} compilation(s))")
+              f"{type(calc).__name__} (vesin neighbour list, sizes padded to buckets: {calc.compilations} compilation(s))")
         print(f"MD: {md['steps_per_s']:.1f} steps/s; energy drift {md['drift_meV_per_atom']:+.3f} meV/atom "
               f"(largest deviation {md['max_deviation_meV_per_atom']:.3f} meV/atom; final T {md['atoms'].get_temperature():.0f} K)")
 

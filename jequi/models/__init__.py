@@ -1,6 +1,7 @@
 """Interatomic potentials built on jequi (see :mod:`jequi.models.nequip`)."""
 
 from .calculator import JequiCalculator, bucket, neighbour_edges
+from .distributed import ShardedCalculator
 from .md import DeviceMD, ase_nve
 from .nequip import (
     NequIP,
@@ -10,4 +11,4 @@ from .nequip import (
     nequip_haiku,
 )
 
-__all__ = ["DeviceMD", "JequiCalculator", "NequIP", "ase_nve", "bucket", "neighbour_edges", "NequIPConfig", "atomic_energies", "energy_and_forces", "nequip_haiku"]
+__all__ = ["DeviceMD", "JequiCalculator", "NequIP", "ShardedCalculator", "ase_nve", "bucket", "neighbour_edges", "NequIPConfig", "atomic_energies", "energy_and_forces", "nequip_haiku"]

@@ -96,12 +96,17 @@ def _convolve(config: NequIPConfig, tp: TensorProduct, x, sh, hidden, kernel, gr
     raise ValueError(f"conv must be 'jequi', 'e3nn' or a function, got {config.conv!r}")
 
 
-def atomic_energies(param, config: NequIPConfig, species, positions, graph: Graph, cell=None):
+def atomic_energies(param, config: NequIPConfig, species, positions, graph: Graph, cell=None, exchange=None):
     """Per-atom energies ``(N,)`` of one structure or of several batched into one graph.
 
     ``species``: indices into ``config.species`` ``(N,)``; ``positions`` ``(N, 3)`` in Å;
     ``graph``: the radius graph (:func:`jequi.graph_from_atoms` or
     :func:`jequi.models.data.batch`); ``cell``: ``(3, 3)`` for periodic shifts (or None).
+    ``exchange``: for one device's part of a structure split over devices
+    (:mod:`jequi.models.distributed`), a function appending the ghost atoms' rows (from the
+    devices that own them) to an array of this device's atoms' rows, applied to each
+    convolution's input; ``species`` then holds this device's atoms, ``positions`` those atoms
+    followed by the ghosts, and ``graph`` has this device's atoms as receivers, all as senders.
     """
     hidden = e3nn.Irreps(config.hidden)
     sh_irreps = e3nn.Irreps.spherical_harmonics(config.sh_lmax)
@@ -117,6 +122,8 @@ def atomic_energies(param, config: NequIPConfig, species, positions, graph: Grap
     h = e3nn.IrrepsArray(f"{hidden.count('0e')}x0e", onehot @ param("embed", (len(config.species), hidden.count("0e")), 1.0))
     for layer in range(config.num_layers):
         x = _linear(param, f"layer{layer}.up", h, h.irreps)
+        if exchange is not None:
+            x = e3nn.IrrepsArray(x.irreps, exchange(x.array))
         tp = _conv_tp(str(x.irreps), str(sh_irreps), str(hidden))
         hidden_r, kernel = _radial_mlp(param, f"layer{layer}.radial", radial, (config.num_basis, config.radial_hidden, tp.weight_numel))
         message = _convolve(config, tp, x, sh, hidden_r, kernel, graph) / np.sqrt(config.avg_num_neighbors)

@@ -121,31 +121,46 @@ def train(
     force_weight: float = 1.0,
     seconds: float | None = None,
     log=None,
+    devices: int = 1,
 ):
     """Train with Adam (cosine-decayed learning rate) on energies and forces; returns
     ``(params, history)``. A progress bar shows the loss; validation MAEs are logged every
     `eval_every` steps (to `log`, a function of a line, if given). `seconds`: a wall-time budget
     for the loop; the step count is then set after timing the first steps (at most `steps`),
-    and the learning rate decays over that count."""
+    and the learning rate decays over that count. `devices` > 1: data-parallel over that many
+    devices, each batch split between them (:mod:`jequi.models.data_parallel`; the same steps)."""
     import optax
     from tqdm.auto import tqdm
 
-    batches = make_batches(train_set, config, batch_size)
+    if devices > 1:
+        from . import data_parallel
+        from .distributed import device_mesh
+
+        mesh = device_mesh(devices)
+        batches = [data_parallel.put(b, mesh) for b in data_parallel.sharded_batches(train_set, config, batch_size, devices)]
+    else:
+        batches = make_batches(train_set, config, batch_size)
     val_batches = make_batches(val_set, config, batch_size) if val_set else []
     if params is None:
-        b = batches[0]
+        b = batches[0] if devices == 1 else jax.tree.map(lambda a: a[0], batches[0])
         params = NequIP(config).init(jax.random.key(seed), b.species, b.positions, b.graph, b.cell)
         shift = jnp.asarray(fit_species_shift(config, train_set), params["params"]["species_shift"].dtype)
         params = {"params": {**params["params"], "species_shift": shift}}
     optimizer = optax.inject_hyperparams(optax.adam)(learning_rate=learning_rate)
     opt_state = optimizer.init(params)
+    if devices > 1:  # on every device, as each step returns them: the step compiles once
+        params, opt_state = data_parallel.replicate((params, opt_state), mesh)
     lr_dtype = opt_state.hyperparams["learning_rate"].dtype  # set every step as a (non-weak) array: one compilation
 
-    @jax.jit
-    def step(params, opt_state, b):
+    def one_device_step(params, opt_state, b):
         (_, metrics), grads = jax.value_and_grad(errors, has_aux=True)(params, config, b, energy_weight, force_weight)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, metrics
+
+    if devices > 1:
+        step = data_parallel.train_step(config, optimizer, mesh, energy_weight, force_weight)
+    else:
+        step = jax.jit(one_device_step)
 
     history = History()
     order = np.random.default_rng(seed).permutation
