@@ -316,8 +316,11 @@ class TensorProduct:
         def step(out, chunk):
             return out + part(x, kernel, *chunk), None
 
-        out = jnp.zeros((graph.num_nodes, self.descriptor.dims[2]), jnp.result_type(x, y, hidden, kernel))
-        out, _ = jax.lax.scan(step, out, (chunked(hidden, 0), chunked(y, 0), graphs))
+        # the first chunk starts the sum: a zeros carry would not be typed as varying over the
+        # mesh axes where this runs inside shard_map (jequi.models.distributed)
+        chunks = (chunked(hidden, 0), chunked(y, 0), graphs)
+        out = part(x, kernel, *jax.tree.map(lambda a: a[0], chunks))
+        out, _ = jax.lax.scan(step, out, jax.tree.map(lambda a: a[1:], chunks))
         return e3nn.IrrepsArray(self.irreps_out, out) if wrap else out
 
 

@@ -189,7 +189,33 @@ def check_calculator_and_main():
     return {"calculator": calculator, "main": check_main(reference)}  # main reuses the calculator check's compilation
 
 
-CHECKS = {"structures": lambda: check_structures(model_params()), "calculator": check_calculator_and_main, "training": check_training}
+def check_chunked_conv():
+    """``radial_conv`` in edge chunks (what large structures run) inside ``shard_map``, each
+    device its own graph, against the unchunked conv on one device."""
+    import jequi
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    tp = jequi.channelwise("4x0e+4x1o", "0e+1o", "0e+1o")
+    n, e, rng = 6, 10, np.random.default_rng(0)
+    x, y, h = (rng.normal(size=(4, m, d)) for m, d in ((n, tp.irreps_in1.dim), (e, tp.irreps_in2.dim), (e, 3)))
+    kernel = rng.normal(size=(3, tp.weight_numel))
+    s, r = rng.integers(0, n, (4, e)), np.sort(rng.integers(0, n, (4, e)), axis=1)
+    mesh = dist.device_mesh(4)
+    axis = mesh.axis_names[0]
+
+    def conv(x, y, h, s, r, k):
+        return tp.radial_conv(x[0], y[0], h[0], k, Graph.build(s[0], r[0], n), edge_chunks=3)[None]
+
+    put = lambda a, spec: jax.device_put(jnp.asarray(a), NamedSharding(mesh, spec))  # noqa: E731
+    args = [put(a, P(axis)) for a in (x, y, h, s, r)] + [put(kernel, P())]
+    out = np.asarray(jax.jit(jax.shard_map(conv, mesh=mesh, in_specs=(P(axis),) * 5 + (P(),), out_specs=P(axis)))(*args))
+    ref = np.stack([tp.radial_conv(x[d], y[d], h[d], kernel, Graph.build(s[d], r[d], n), edge_chunks=1) for d in range(4)])
+    return {"deviation": float(np.abs(out - ref).max() / np.abs(ref).max())}
+
+
+CHECKS = {"structures": lambda: check_structures(model_params()), "calculator": check_calculator_and_main, "training": check_training,
+          "chunked_conv": check_chunked_conv}  # fmt: skip
 
 
 def main(path, names):
