@@ -16,6 +16,7 @@ import dataclasses
 import functools
 
 import e3nn_jax as e3nn
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -148,7 +149,7 @@ def _power(norm, l: int):
     return None if l == 0 else norm**l
 
 
-def _run(plan: _Plan, x, ds, norm, leading, dtype):
+def _product(plan: _Plan, x, ds, norm, leading, dtype):
     """The EAAS product of the regrouped ``x`` in the frames ``ds`` (see :class:`_Plan`)."""
     slices = plan.irreps_in.slices()
     x_lead = x.shape[:-1]
@@ -184,6 +185,13 @@ def _run(plan: _Plan, x, ds, norm, leading, dtype):
     if not outputs:
         return jnp.zeros((*leading, 0), dtype)
     return outputs[0] if len(outputs) == 1 else jnp.concatenate(outputs, axis=-1)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 3, 4, 5))
+def _run(plan: _Plan, x, vectors, normalize: bool, leading: tuple, dtype):
+    """Frames and product as one compiled function (op-by-op dispatch would compile each op)."""
+    ds, norm = frame(vectors, plan.lmax, normalize)
+    return _product(plan, x, ds, norm, leading, dtype)
 
 
 def sh_tensor_product(x, vectors, irreps_sh, *, filter_ir_out=None, normalize: bool = True):
@@ -223,6 +231,5 @@ def sh_tensor_product(x, vectors, irreps_sh, *, filter_ir_out=None, normalize: b
         raise ValueError(f"leading dims of x {x.shape} and vectors {vec.shape} do not broadcast") from exc
     plan = _plan(x.irreps, tuple(bool(f) for f in x.zero_flags), irreps_sh, filter_irs, irrep_normalization, sh_normalization)
     array = _reorder(x.array.astype(dtype), x.irreps, plan.order)
-    ds, norm = frame(vec.astype(dtype), plan.lmax, normalize)
-    z = _run(plan, array, ds, norm, leading, dtype)
+    z = _run(plan, array, vec.astype(dtype), bool(normalize), tuple(leading), jnp.dtype(dtype))
     return e3nn.IrrepsArray(plan.irreps_out, z, zero_flags=plan.zero_flags)

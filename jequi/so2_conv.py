@@ -175,11 +175,13 @@ def so2_conv(x, vectors, weights, irreps_out, *, m_max: int | None = None, irrep
         leading = jnp.broadcast_shapes(array.shape[:-1], vec.shape[:-1], () if shared else weights.shape[:-1])
     except ValueError as exc:
         raise ValueError(f"leading dims of x {array.shape}, vectors {vec.shape} and weights {weights.shape} do not broadcast") from exc
-    z = _run(layout, array.astype(dtype), vec.astype(dtype), weights.astype(dtype), leading, dtype)
+    z = _run(layout, array.astype(dtype), vec.astype(dtype), weights.astype(dtype), tuple(leading), jnp.dtype(dtype))
     return e3nn.IrrepsArray(layout.irreps_out, z) if is_irreps_array else z
 
 
-def _run(layout: SO2Layout, x, vec, weights, leading, dtype):
+@functools.partial(jax.jit, static_argnums=(0, 4, 5))
+def _run(layout: SO2Layout, x, vec, weights, leading: tuple, dtype):
+    """The convolution as one compiled function (op-by-op dispatch would compile each op)."""
     irreps_in, irreps_out = layout.irreps_in, layout.irreps_out
     used_in = sorted({b.i_in for b in layout.blocks})
     lmax = max([irreps_in[i].ir.l for i in used_in] + [ir.l for _, ir in irreps_out] + [0])
