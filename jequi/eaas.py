@@ -28,13 +28,15 @@ from .irreps import Irreps
 @dataclasses.dataclass(frozen=True)
 class _Piece:
     """One output chunk ``(mul_x * mul_f) x l_o`` of e3nn's loop: input block `block` of the
-    regrouped ``x`` times ``Y^{l_f}`` (repeated `mul_f` times), its per-m map (None: a zero-flagged
-    input, the chunk is zero)."""
+    regrouped ``x`` times ``Y^{l_f}`` (repeated `mul_f` times). Its per-m map, for ``|m| <= k =
+    min(l_i, l_o)``: ``y~[l_o + m] = coefficient[k + m] * x~[l_i + m]``, or ``x~[l_i - m]`` when
+    `reverse` (odd paths); components ``|m| > k`` are zero. ``coefficient`` None: a zero-flagged
+    input, the chunk is zero."""
 
     block: int
     l_f: int
     mul_f: int
-    source: tuple | None
+    reverse: bool
     coefficient: tuple | None
 
 
@@ -68,13 +70,13 @@ def _plan(irreps_x: Irreps, flags_x: tuple, irreps_sh: Irreps, filter_irs, irrep
             for ir_o in ir * ir_f:
                 if filter_irs is not None and ir_o not in filter_irs:
                     continue
-                piece = None
+                c = so2.coupling(ir.l, ir_f.l, ir_o.l)
+                coefficient = None
                 if not flags_in[b] and mul * mul_f > 0:
-                    c = so2.coupling(ir.l, ir_f.l, ir_o.l)
+                    k = min(ir.l, ir_o.l)
                     scale = so2.pole_value(ir_f.l, sh_normalization) * _tp_factor(ir.l, ir_f.l, ir_o.l, irrep_normalization)
-                    piece = _Piece(b, ir_f.l, mul_f, c.source, tuple(scale * v for v in c.coefficient))
-                else:
-                    piece = _Piece(b, ir_f.l, mul_f, None, None)
+                    coefficient = tuple(scale * v for v in c.coefficient[ir_o.l - k : ir_o.l + k + 1])
+                piece = _Piece(b, ir_f.l, mul_f, not c.even, coefficient)
                 chunks.append(((mul * mul_f, ir_o), piece, bool(flags_in[b])))
     irreps_out, _, inv = Irreps([irrep for irrep, _, _ in chunks]).sort()  # stable, as e3nn's
     pieces = [chunks[k][1] for k in inv]
@@ -86,7 +88,7 @@ def _plan(irreps_x: Irreps, flags_x: tuple, irreps_sh: Irreps, filter_irs, irrep
         else:
             out.append((ir.l, [piece]))
     out = tuple((l, tuple(p for p in ps if irreps_in[p.block].mul * p.mul_f > 0)) for l, ps in out)
-    used = sorted({p.block for _, ps in out for p in ps if p.source is not None})
+    used = sorted({p.block for _, ps in out for p in ps if p.coefficient is not None})
     rotate_in = tuple(
         (l, tuple(b for b in used if irreps_in[b].ir.l == l)) for l in sorted({irreps_in[b].ir.l for b in used})
     )
@@ -168,10 +170,16 @@ def _product(plan: _Plan, x, ds, norm, leading, dtype):
         chunks = []
         for p in pieces:
             mul = plan.irreps_in[p.block].mul
-            if p.source is None:
+            if p.coefficient is None:
                 chunks.append(jnp.zeros((*leading, mul * p.mul_f, 2 * lo + 1), dtype))
                 continue
-            chunk = rotated[p.block][..., np.asarray(p.source)] * jnp.asarray(p.coefficient, dtype)
+            li, k = plan.irreps_in[p.block].ir.l, len(p.coefficient) // 2
+            chunk = rotated[p.block][..., li - k : li + k + 1]  # static slices, reversal and padding:
+            if p.reverse:  # cheap to transpose, no gathers
+                chunk = chunk[..., ::-1]
+            chunk = chunk * jnp.asarray(p.coefficient, dtype)
+            if lo > k:
+                chunk = jnp.pad(chunk, [(0, 0)] * (chunk.ndim - 1) + [(lo - k, lo - k)])
             if p.l_f not in powers:
                 powers[p.l_f] = _power(norm, p.l_f)
             if powers[p.l_f] is not None:

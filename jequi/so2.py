@@ -145,11 +145,11 @@ def coupling(l_in: int, l_f: int, l_out: int) -> Coupling:
     return Coupling(l_in, l_f, l_out, tuple(source), tuple(coefficient))
 
 
-@functools.lru_cache(maxsize=None)
 def pole_value(l: int, normalization: str = "component") -> float:
-    """``Y^l_{m=0}`` of the pole +y in e3nn's `normalization` (``Y^l(y_hat)`` is zero elsewhere)."""
-    y = np.asarray(
-        e3nn.spherical_harmonics([l], e3nn.IrrepsArray("1o", np.array([0.0, 1.0, 0.0])), True, normalization).array,
-        np.float64,
-    )
-    return float(y[l])
+    """``Y^l_{m=0}`` of the pole +y in e3nn's `normalization` (``Y^l(y_hat)`` is zero elsewhere):
+    ``sqrt(2l+1)`` ("component", unit mean square per component), 1 ("norm"), or
+    ``sqrt((2l+1) / (4 pi))`` ("integral")."""
+    values = {"component": np.sqrt(2 * l + 1), "norm": 1.0, "integral": np.sqrt((2 * l + 1) / (4 * np.pi))}
+    if normalization not in values:
+        raise ValueError(f"spherical harmonics normalization must be 'component', 'norm' or 'integral', got {normalization!r}")
+    return float(values[normalization])
