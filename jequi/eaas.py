@@ -159,7 +159,7 @@ def _product(plan: _Plan, x, ds, norm, leading, dtype):
     for l, blocks in plan.rotate_in:
         parts = [x[..., slices[b]].reshape(*x_lead, plan.irreps_in[b].mul, 2 * l + 1) for b in blocks]
         xl = parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=-2)
-        xt = xl if l == 0 else jnp.einsum("...ci,...ij->...cj", xl, ds[l])  # D^T x
+        xt = xl if l == 0 else so2.rotate(xl, ds[l], transpose=True)  # D^T x
         start = 0
         for b, part in zip(blocks, parts):
             rotated[b] = xt[..., start : start + part.shape[-2], :]
@@ -188,7 +188,7 @@ def _product(plan: _Plan, x, ds, norm, leading, dtype):
                 chunk = jnp.repeat(chunk, p.mul_f, axis=-2)
             chunks.append(jnp.broadcast_to(chunk, (*leading, *chunk.shape[-2:])))
         yt = chunks[0] if len(chunks) == 1 else jnp.concatenate(chunks, axis=-2)
-        y = yt if lo == 0 else jnp.einsum("...ij,...cj->...ci", ds[lo], yt)
+        y = yt if lo == 0 else so2.rotate(yt, ds[lo], transpose=False)  # D y~
         outputs.append(jnp.broadcast_to(y, (*leading, *y.shape[-2:])).reshape(*leading, -1))
     if not outputs:
         return jnp.zeros((*leading, 0), dtype)

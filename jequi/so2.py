@@ -76,10 +76,26 @@ def wigner_d(rotation, lmax: int) -> list:
     for l in range(2, lmax + 1):
         c = jnp.asarray(_recursion_cg(l), rotation.dtype)  # (2l-1, 3, 2l+1)
         # D_l[k, n] = sum_{i,j,a,b} C[i,j,k] D_{l-1}[i,a] R[j,b] C[a,b,n]
-        t = jnp.einsum("...ia,abn->...ibn", ds[-1], c)
-        t = jnp.einsum("...jb,...ibn->...ijn", rotation, t)
+        t = jnp.einsum("...ia,abn->...ibn", ds[-1], c)  # one matrix product with a constant
+        # the per-row 3 x 3 factor as broadcast multiply-adds (a batched product of tiny matrices is slow)
+        t = sum(rotation[..., None, :, b, None] * t[..., :, None, b, :] for b in range(3))  # (..., i, j, n)
         ds.append(jnp.einsum("ijk,...ijn->...kn", c, t))
     return ds
+
+
+def rotate(x, d, *, transpose: bool):
+    """``x @ D`` (``transpose``: each channel's ``D^T x``, into the frame) or ``x @ D^T`` (``D y``,
+    back) for features (..., C, n) and per-row matrices (..., n, n), written as n broadcast
+    multiply-adds: XLA fuses them (and the slices around them) into one loop, where a batched
+    matrix product of per-row n x n matrices would run as many tiny products."""
+    n = d.shape[-1]
+    if n == 1:
+        return x * d[..., None, 0, :]
+    rows = (lambda i: d[..., None, i, :]) if transpose else (lambda i: d[..., None, :, i])
+    out = x[..., 0:1] * rows(0)
+    for i in range(1, n):
+        out = out + x[..., i : i + 1] * rows(i)
+    return out
 
 
 def safe_directions(vectors, normalize: bool):

@@ -193,7 +193,7 @@ def _run(layout: SO2Layout, x, vec, weights, leading: tuple, dtype):
         blocks = [i for i in used_in if irreps_in[i].ir.l == l]
         parts = [x[..., slices[i]].reshape(*x.shape[:-1], irreps_in[i].mul, 2 * l + 1) for i in blocks]
         xl = parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=-2)
-        xt = xl if l == 0 else jnp.einsum("...ci,...ij->...cj", xl, ds[l])
+        xt = xl if l == 0 else so2.rotate(xl, ds[l], transpose=True)
         start = 0
         for i, part in zip(blocks, parts):
             rotated[i] = xt[..., start : start + part.shape[-2], :]
@@ -235,7 +235,7 @@ def _run(layout: SO2Layout, x, vec, weights, leading: tuple, dtype):
             comps = [jnp.broadcast_to(parts.get((io, m), zero), (*leading, mul)) for m in range(-lo, lo + 1)]
             tilde.append(jnp.stack(comps, axis=-1))
         yt = tilde[0] if len(tilde) == 1 else jnp.concatenate(tilde, axis=-2)
-        y = yt if lo == 0 else jnp.einsum("...ij,...cj->...ci", ds[lo], yt)
+        y = yt if lo == 0 else so2.rotate(yt, ds[lo], transpose=False)
         y = jnp.broadcast_to(y, (*leading, *y.shape[-2:]))
         start = 0
         for io in blocks:

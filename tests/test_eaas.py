@@ -178,9 +178,9 @@ def _check_second_orders(dense, ours, x, vectors, pure_modes=True):
 
 @pytest.mark.parametrize("normalize", [True, False])
 def test_sh_tensor_product_derivatives_on_and_near_poles(normalize):
-    irreps_x, irreps_sh = "1o+2e", "1o+2e"
+    irreps_x, irreps_sh = "1o", "1o+2e"
     rng = _rng(5)
-    x = jnp.asarray(rng.normal(size=(8,)))
+    x = jnp.asarray(rng.normal(size=(3,)))
     g = rng.normal(size=(e3nn.tensor_product(irreps_x, irreps_sh).dim,))
 
     def dense(x, r):
