@@ -164,9 +164,9 @@ def _check_second_orders(dense, ours, x, vectors, pure_modes=True):
 
     def derivatives(loss):
         modes = {"grad": jax.grad(loss, (0, 1)), "hessian": jax.hessian(loss, (0, 1))}  # fwd-over-rev
-        if pure_modes:  # forward-over-forward and reverse-over-reverse
-            modes["rev_rev"] = jax.jacrev(jax.grad(loss, (0, 1)), (0, 1))
-            modes["fwd_fwd"] = jax.jacfwd(jax.jacfwd(loss, (0, 1)), (0, 1))
+        if pure_modes:  # forward-over-forward and reverse-over-reverse in r (the product is linear in x)
+            modes["rev_rev"] = jax.jacrev(jax.grad(loss, 1), 1)
+            modes["fwd_fwd"] = jax.jacfwd(jax.jacfwd(loss, 1), 1)
         return jax.jit(jax.vmap(lambda x, r: {k: f(x, r) for k, f in modes.items()}, in_axes=(None, 0)))
 
     ref, out = derivatives(dense)(x, vectors), derivatives(ours)(x, vectors)
