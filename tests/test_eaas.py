@@ -307,7 +307,6 @@ def _layer_inputs():
 
 
 def test_so2_layers():
-    import equinox as eqx  # noqa: F401
     import flax.linen
     import haiku as hk
     from flax import nnx
