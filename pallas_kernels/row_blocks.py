@@ -208,10 +208,10 @@ def backward_sum(desc, g, arrays, *, sums: Sums, config: Config):
             _backward_path(desc, p, Block(g_ref, rows, do), pairs, gx, gy, store_gw)
         if store_gw is not None:
             zero_weights(desc.untouched.inactive_weights, store_gw, dtype, (rows_per_block,))
-        for ref, sums, width in ((gx_ref, gx, d1), (gy_ref, gy, d2)):
+        for ref, values, width in ((gx_ref, gx, d1), (gy_ref, gy, d2)):
             if ref is not None:
                 for q in range(width):
-                    ref[rows * width + q] = sums[q] if q in sums else jnp.zeros((rows_per_block,), dtype)
+                    ref[rows * width + q] = values[q] if q in values else jnp.zeros((rows_per_block,), dtype)
 
     gx, gy, gw = unpack(
         pallas_call(kernel, shapes, (pl.cdiv(n, rows_per_block),), config.block_backward_warps, name="jequi_tp_rows_bwd")(
