@@ -68,9 +68,6 @@ class Sums:
             dw=keep(pw, ((GGX, Y), hx), ((X, GGY), hy)),
         )
 
-    def __bool__(self) -> bool:
-        return bool(self.out or self.dx or self.dy or self.dw)
-
     def of_kind(self, backward: bool) -> "Sums":
         """The sums a forward-like (or `backward`-like) kernel computes: the others emptied."""
         return Sums((), self.dx, self.dy, self.dw) if backward else Sums(self.out)
