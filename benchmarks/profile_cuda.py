@@ -18,9 +18,8 @@ import jax
 import structures
 from timing import timed
 
-import ffi
 import jequi
-from ffi import build, ops
+from ffi import DEFAULT, build, ops
 from jequi.sums import FORWARD, Sums
 
 NEEDS = {"all": (True, True, True), "gx+gw": (True, False, True), "gy": (False, True, False), "gx": (True, False, False)}
@@ -52,8 +51,8 @@ def main():
         "tp_backward": (lambda x, y, w, g: ops.backward(desc, x, y, w, g), (bx, by, bw, bg)),
         "conv_forward": (lambda x, y, w: ops.conv_forward(desc, x, y, w, graph), (x, y, w)),
     }
-    atomic = dataclasses.replace(ffi.DEFAULT, atomic_conv_backward=True)
-    for kind, config in (("conv_backward", ffi.DEFAULT), ("conv_atomic_backward", atomic)):
+    atomic = dataclasses.replace(DEFAULT, atomic_conv_backward=True)
+    for kind, config in (("conv_backward", DEFAULT), ("conv_atomic_backward", atomic)):
         for name in a.needs.split(","):
             needs = NEEDS[name]
             cases[f"{kind}[{name}]"] = (
@@ -65,7 +64,7 @@ def main():
         kind = name.split("[")[0]
         needs = NEEDS[name[len(kind) + 1 : -1]] if "[" in name else (True, True, True)
         sums = Sums.gradients(needs) if kind.endswith("backward") else FORWARD
-        config = atomic if kind == "conv_atomic_backward" else ffi.DEFAULT
+        config = atomic if kind == "conv_atomic_backward" else DEFAULT
         kernel = ops.kernel(desc, jax.numpy.dtype(a.dtype), kind, sums, config=config)
         usage = build.resources(build.cubin(kernel.source))
         print(f"  {name:32s} {ms:8.3f} ms  first call {first:5.1f} s  {usage['registers']} regs x {kernel.threads} threads, "

@@ -33,8 +33,8 @@ import numpy as np
 import structures
 from tune_conv import time_both, time_dbl
 
-import ffi
 import jequi
+import ffi
 from ffi import build, build_search, launch, ops, schedule
 from jequi.sums import Sums
 
