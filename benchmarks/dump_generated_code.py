@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import jequi
 from jequi import problems
-from jequi.autodiff import SecondOrder
+from jequi.sums import Sums
 
 out = pathlib.Path(sys.argv[1]); out.mkdir(parents=True, exist_ok=True)
 only = sys.argv[2] if len(sys.argv) > 2 else "all"
@@ -33,9 +33,9 @@ def tp(name):
         "tetris": lambda: problems.get("tetris-poly-1"),
     }[name]()
 
-SECONDS = [SecondOrder.of((True, True, True, True), (True, True, True)),
-           SecondOrder.of((True, False, True, True), (True, False, False)),
-           SecondOrder.of((False, True, True, False), (True, True, True))]
+SECONDS = [Sums.of((True, True, True, True), (True, True, True)),
+           Sums.of((True, False, True, True), (True, False, False)),
+           Sums.of((False, True, True, False), (True, True, True))]
 
 def write(name, text):
     (out / name).write_text(text)
@@ -44,14 +44,13 @@ def write(name, text):
 def cuda():
     import ffi
     from ffi import codegen, launch, schedule
-    from ffi.schedule import Sums
     base = ffi.Config()
     variants = {"default": base, "gm": dataclasses.replace(base, batched_group_major=True),
                 "bw4": dataclasses.replace(base, block_warps=4), "mw0": dataclasses.replace(base, min_warps=0),
                 "f64wide": dataclasses.replace(base, batched_forward_registers=256, batched_forward_rows=1)}
-    sums_list = {"fwd": Sums(), "gx": Sums.gradients((True, False, False)), "gyw": Sums.gradients((False, True, True))}
+    sums_list = {"fwd": launch.FIRST_ORDER, "gx": Sums.gradients((True, False, False)), "gyw": Sums.gradients((False, True, True))}
     for i, s in enumerate(SECONDS):
-        sums_list[f"sec{i}"] = Sums(s.dgz, *s.pairs)
+        sums_list[f"sec{i}"] = s
     n = 0
     for name in ("cw", "cw_irmul", "wide", "wide_irmul", "water"):
         desc = tp(name).descriptor.trilinear
@@ -66,12 +65,13 @@ def cuda():
                 text = f"ERROR {type(e).__name__}: {e}\n"
             write(f"cuda__{name}__{np.dtype(dtype).name}__{kind}__{sn}__{'shared' if shared else 'rows'}__{vn}.cu", text)
             n += 1
-        write(f"cuda__{name}__untouched.txt", repr(ffi.ops.untouched(desc)) + repr(ffi.ops.unsupported_reason(desc)) + repr(schedule.backward_footprint(desc)))
+        u = desc.untouched
+        write(f"cuda__{name}__untouched.txt", repr((u.x, u.w, u.out)) + repr(ffi.ops.unsupported_reason(desc)) + repr(schedule.backward_footprint(desc)))
     print("cuda kernels", n)
 
 # ---- Pallas -------------------------------------------------------------------------------
 def pallas():
-    from jequi.backends import pallas as bp
+    bp = jequi.backends.BACKENDS["pallas"]
     n = 0
     def lower(name, f, *args):
         nonlocal n

@@ -12,13 +12,15 @@ kernel then launches twice (the warm-up call and one timed call).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 import jax
 import structures
 from timing import timed
 
 import jequi
-from ffi import build, ops, schedule
+from ffi import DEFAULT, build, ops
+from jequi.sums import FORWARD, Sums
 
 NEEDS = {"all": (True, True, True), "gx+gw": (True, False, True), "gy": (False, True, False), "gx": (True, False, False)}
 
@@ -49,19 +51,21 @@ def main():
         "tp_backward": (lambda x, y, w, g: ops.backward(desc, x, y, w, g), (bx, by, bw, bg)),
         "conv_forward": (lambda x, y, w: ops.conv_forward(desc, x, y, w, graph), (x, y, w)),
     }
-    for kind in ("conv_backward", "conv_atomic_backward"):
+    atomic = dataclasses.replace(DEFAULT, atomic_conv_backward=True)
+    for kind, config in (("conv_backward", DEFAULT), ("conv_atomic_backward", atomic)):
         for name in a.needs.split(","):
-            needs, atomic = NEEDS[name], kind == "conv_atomic_backward"
+            needs = NEEDS[name]
             cases[f"{kind}[{name}]"] = (
-                lambda x, y, w, g, needs=needs, atomic=atomic: ops.conv_backward(desc, x, y, w, g, graph, needs, atomic), (x, y, w, g)
+                lambda x, y, w, g, needs=needs, config=config: ops.conv_backward(desc, x, y, w, g, graph, needs, config), (x, y, w, g)
             )
     print(f"{a.problem} {a.layout} {a.dtype}: {a.graph} {n} atoms {e} edges, batch {b}", flush=True)
     for name, (fn, args) in cases.items():
         ms, first = timed(jax.jit(fn), args, a.repeat, a.calls)
         kind = name.split("[")[0]
         needs = NEEDS[name[len(kind) + 1 : -1]] if "[" in name else (True, True, True)
-        sums = schedule.Sums.gradients(needs) if kind.endswith("backward") else schedule.Sums()
-        kernel = ops.kernel(desc, jax.numpy.dtype(a.dtype), kind, sums)
+        sums = Sums.gradients(needs) if kind.endswith("backward") else FORWARD
+        config = atomic if kind == "conv_atomic_backward" else DEFAULT
+        kernel = ops.kernel(desc, jax.numpy.dtype(a.dtype), kind, sums, config=config)
         usage = build.resources(build.cubin(kernel.source))
         print(f"  {name:32s} {ms:8.3f} ms  first call {first:5.1f} s  {usage['registers']} regs x {kernel.threads} threads, "
               f"smem {kernel.smem} B, chunk {kernel.chunk}", flush=True)

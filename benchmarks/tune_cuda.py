@@ -8,10 +8,11 @@ schedule knobs (GPU run, device tool).
         [--smem-budget 65536] [--float32-spill-bytes 64,0] [--second fused,composed]
         [--no-conv] [--no-backward] [--conv-dbl] [--precompile | --only-precompile]
 
-Knobs: the fields of :class:`ffi.Config` (comma lists are swept; a float64 batched forward is
-built twice, see ``Config.batched_float64_forward_registers``: sweep its ``batched_forward_*``
-knobs with that one at 0). Each setting is a ``Config`` value, run through the cuda backends
-built with it (``jequi.backends.configured``). Prints, per product and setting,
+Knobs: the fields of :class:`ffi.Config` but ``atomic_conv_backward``, which the backend sets
+(``cuda-atomic``; comma lists are swept; a float64 batched forward is built twice, see
+``Config.batched_float64_forward_registers``: sweep its ``batched_forward_*`` knobs with that
+one at 0). Each setting is a ``Config`` value, run through the cuda backends built with it
+(``jequi.backends.configured``). Prints, per product and setting,
 the conv's fwd and fwd+bwd ms (tune_conv.py's timings), the batched product's with
 ``--tp-batch``, its double backward with ``--dbl-batch`` (and force training's with
 ``--dbl-force``) and the conv's with ``--conv-dbl``
@@ -33,12 +34,12 @@ import structures
 from tune_conv import time_both, time_dbl
 
 import jequi
-from jequi.autodiff import SecondOrder
 import ffi
 from ffi import build, build_search, launch, ops, schedule
+from jequi.sums import Sums
 
-KNOBS = tuple(f.name for f in dataclasses.fields(ffi.Config))
-CUDA = {b: jequi.backends.BACKENDS[b] for b in ("cuda", "cuda-atomic")}  # the backends whose kernels the knobs shape
+KNOBS = tuple(f.name for f in dataclasses.fields(ffi.Config) if f.name != "atomic_conv_backward")
+CUDA = ("cuda", "cuda-atomic")  # the backends whose kernels the knobs shape
 
 
 def registers(desc, dtype, config) -> str:
@@ -47,7 +48,7 @@ def registers(desc, dtype, config) -> str:
     for (d, dt, kind, sums, shared, c), kernel in ops.generated.items():
         if d == desc and dt == dtype and c == config:
             usage = build.resources(build.cubin(kernel.source))
-            full = sums == launch.computed(kind, schedule.Sums())
+            full = sums == launch.computed(kind, launch.FIRST_ORDER)
             out.append(f"{kind}{'' if full else f'[{sums}]'}: {usage['registers']} x {kernel.threads}")
     return ", ".join(out)
 
@@ -59,7 +60,7 @@ def precompile(a):
     backward, with ``--tp-batch`` / ``--dbl-batch`` the batched product's too and the backward
     of its double backward as :func:`tune_conv.time_dbl` calls it; at the default
     per-row (edge) weights, no conv double backward's kernels."""
-    full = schedule.Sums()
+    full = launch.FIRST_ORDER
     kinds = []
     if a.conv:
         kinds += [("conv_forward", full)]
@@ -67,11 +68,10 @@ def precompile(a):
     if a.tp_batch or a.dbl_batch:
         kinds += [("tp_forward", full), *([("tp_backward", full)] if a.backward or a.dbl_batch else [])]
     if a.dbl_batch:  # the gradient of |gx|^2 + |gy|^2: the backward pruned to gx, gy, then x, y, w perturbed
-        spec = SecondOrder.of((True, True, True, False), (True, True, False))
-        kinds += [("tp_backward", schedule.Sums.gradients((True, True, False))), ("tp_backward", schedule.Sums((), spec.dx, spec.dy, spec.dw))]
+        spec = Sums.of((True, True, True, False), (True, True, False))
+        kinds += [("tp_backward", Sums.gradients((True, True, False))), ("tp_backward", spec.of_kind(backward=True))]
     if a.dbl_batch and a.dbl_force:  # every input perturbed, every gradient read: dgz too, fused or in its own kernel
-        spec = SecondOrder.of((True, True, True, True), (True, True, True))
-        sums = schedule.Sums(spec.dgz, spec.dx, spec.dy, spec.dw)
+        sums = Sums.of((True, True, True, True), (True, True, True))
         kinds += [("tp_backward", sums), ("tp_forward", sums), ("tp_second", sums)]
     jobs = []
     for name, layout in itertools.product(a.problems.split(","), a.layouts.split(",")):
@@ -125,8 +125,8 @@ def main():
             for second, *values in itertools.product(*sweeps) if cuda else [(None,)]:
                 label, backend = base, base
                 if cuda:
-                    config = ffi.Config(**{k: int(v) for k, v in zip(KNOBS, values)})
-                    configured = jequi.backends.configured(base, config)
+                    config = ffi.Config(**{k: int(v) for k, v in zip(KNOBS, values)}, atomic_conv_backward=base == "cuda-atomic")
+                    configured = jequi.backends.configured("cuda", config)
                     if second == "composed":
                         configured = dataclasses.replace(configured, name=configured.name + " composed", second=None, conv_second=None)
                     backend = jequi.backends.register(configured)

@@ -5,7 +5,8 @@ Modules: :mod:`.config` (the knobs, one frozen value), :mod:`.schedule` (what ea
 computes), :mod:`.launch` (a kernel's launch plan), :mod:`.ctext` and :mod:`.emit` (C text and
 the pieces of a kernel), :mod:`.codegen` (the kernels of each kind), :mod:`.build_search` (which
 build of a kernel runs), :mod:`.build` (nvcc and the FFI launcher), :mod:`.ops` (the kernels as
-JAX functions). Backend ``"cuda"`` (``jequi/backends/cuda.py``) calls :mod:`.ops`.
+JAX functions, the contract ``pallas_kernels`` shares). Backends ``"cuda"`` and
+``"cuda-atomic"`` are :mod:`.ops` through :mod:`jequi.backends.kernels`.
 """
 
 from . import schedule

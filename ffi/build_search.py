@@ -10,9 +10,11 @@ import dataclasses
 
 import numpy as np
 
+from jequi.sums import Sums
+
 from . import build, codegen
 from .config import Config
-from .schedule import LANES, Sums
+from .schedule import LANES
 
 def spill_bytes(config: Config, dtype) -> int:
     """The spill stores (bytes per thread) a build of `dtype` may have (``Config.float32_spill_bytes``,

@@ -4,7 +4,7 @@ Its kinds, each one ``extern "C" __global__`` function ``jequi_<kind>``:
 
 * ``tp_forward`` / ``tp_backward``: the batched product; a block owns a chunk of rows.
 * ``tp_second``: a batched backward that also writes the forward sum of its
-  :class:`~.schedule.Sums`' ``out`` (force training's double backward: ``dgz`` beside ``dx, dy,
+  :class:`~jequi.sums.Sums`' ``out`` (force training's double backward: ``dgz`` beside ``dx, dy,
   dw``), reading each row's operands once for both. It runs the backward's programs, which own
   ``x`` segments, so every output segment must be reached from one ``x`` segment
   (:func:`~.schedule.outputs_follow_x`).
@@ -19,7 +19,7 @@ Its kinds, each one ``extern "C" __global__`` function ``jequi_<kind>``:
   no fixed order, so it is not bitwise deterministic; it moves the gathered ``x`` rows through
   L2 where ``conv_backward`` moves the (``DOUT / D1`` times wider) cotangent rows.
 
-Each computes the sums of a :class:`~.schedule.Sums`: by default the product (forward kinds)
+Each computes the sums of a :class:`~jequi.sums.Sums`: by default the product (forward kinds)
 or its vector-Jacobian product (backward kinds); with substituted cotangents, the fused
 double backward's terms (an ``A`` table per ``y``-like operand, the ``x``- and ``w``-like
 rows loaded side by side).
@@ -52,14 +52,14 @@ from __future__ import annotations
 
 import dataclasses
 
-from jequi.autodiff import GGW, GGX, GGY, W, X, Y
+from jequi.sums import GGW, GGX, GGY, W, X, Y, Sums
 
 from . import schedule
 from .config import DEFAULT, Config
 from .ctext import PARAM, Names, store_stmt, table_name, vtype
 from .emit import Emitter
-from .launch import MAX_THREADS
-from .schedule import LANES, Program, Sums
+from .launch import FIRST_ORDER, MAX_THREADS
+from .schedule import LANES, Program
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,7 +75,7 @@ class Kernel:
     groups: int  # blocks per node (row chunk), see the module docstring for their order
     group_major: bool  # all nodes' blocks of a group run before the next group's (else node by node)
     programs: tuple[Program, ...]
-    arrays: tuple[int, ...]  # the operand positions it takes, in parameter order (Sums.arrays)
+    arrays: tuple[int, ...]  # the operand positions it takes, in parameter order (Plan.arrays)
 
     @property
     def entry(self) -> str:
@@ -87,7 +87,7 @@ class _Kernel(Emitter):
 
     # --- kernels -----------------------------------------------------------------------------
     def params(self) -> list[str]:
-        params = [f"const T* __restrict__ {PARAM[pos]}" for pos in self.sums.arrays]
+        params = [f"const T* __restrict__ {PARAM[pos]}" for pos in self.arrays]
         if self.conv:
             params += [f"const int* __restrict__ {a}" for a in ("order", "other", "offsets", "rows", "slots")]
         if self.backward:
@@ -140,7 +140,7 @@ class _Kernel(Emitter):
         w = self.w
         rows = "num_nodes" if self.conv else "num_rows"
         edges = "num_edges" if self.conv else "num_rows"
-        used = self.sums.arrays
+        used = self.arrays
         for pos in (X, GGX):
             if pos in used:
                 w(f"{PARAM[pos]} += b * {rows if not self.conv else 'num_senders'} * D1;")
@@ -366,7 +366,7 @@ class _Kernel(Emitter):
         self._programs(body)
 
 
-def generate(desc, dtype, kind: str, sums: Sums = Sums(), shared: bool = False,
+def generate(desc, dtype, kind: str, sums: Sums = FIRST_ORDER, shared: bool = False,
              config: Config = DEFAULT) -> Kernel:  # fmt: skip
     """The `kind` kernel of (trilinear, ``uvu``-only) descriptor `desc` in `dtype`, computing
     the sums `sums` says (a forward kind its ``out``, a backward kind its ``dx, dy, dw``;
@@ -378,4 +378,4 @@ def generate(desc, dtype, kind: str, sums: Sums = Sums(), shared: bool = False,
     if k.warps * LANES > MAX_THREADS:
         raise ValueError(f"{desc!r} needs {k.warps} warps per block in the CUDA kernels (at most {MAX_THREADS // LANES})")
     programs = tuple(p for g in k.groups for p in g.programs)
-    return Kernel(kind, k.source(), k.warps * LANES, k.smem, k.chunk, len(k.groups), k.group_major, programs, k.sums.arrays)
+    return Kernel(kind, k.source(), k.warps * LANES, k.smem, k.chunk, len(k.groups), k.group_major, programs, k.arrays)

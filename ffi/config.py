@@ -115,6 +115,10 @@ class Config:
       backward kind's (or ``dgz``'s) code does not fit ``batched_code_bytes`` node by node. A
       float64 backward with per-row weights runs group-major either way (one program per
       block, :mod:`.launch`).
+    * ``atomic_conv_backward``: the conv's backward walks receivers, as the forward does
+      (``conv_atomic_backward``): each receiver's cotangent row is read once and ``gx`` is
+      added to the senders' rows with atomics, faster where the output is much wider than
+      ``x``, but ``gx`` is not bitwise reproducible; opt-in (backend ``"cuda-atomic"``).
     """
 
     forward_registers: int = 160
@@ -142,6 +146,7 @@ class Config:
     code_bytes: int = 128 * 1024
     batched_code_bytes: int = 96 * 1024
     batched_group_major: bool = False
+    atomic_conv_backward: bool = False
 
 
 DEFAULT = Config()

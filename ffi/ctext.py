@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 
-from jequi.autodiff import GGW, GGX, GGY, GZ, W, X, Y
+from jequi.sums import GGW, GGX, GGY, GZ, W, X, Y
 from jequi.descriptor import Segment
 
 from .schedule import Program, Term

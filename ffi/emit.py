@@ -281,7 +281,7 @@ class Emitter(Plan):
     def backward_math(self, q: int, p: Program, names: Names, gwrow: str, gyrow: str, outrow: str | None = None):
         """One edge's (row's) gradients: ``gw`` stored (or summed, shared weights), ``gx``
         added to the ``gx`` sums, ``gy``'s warp sums written to shared memory row `gyrow`.
-        Each sum runs over its pairs of :class:`~.schedule.Sums`: per ``A`` table ``b``,
+        Each sum runs over its pairs of :class:`~jequi.sums.Sums`: per ``A`` table ``b``,
         ``v_b[i] = sum_k A_b[i, k] gz[k]``; ``gx[i] += c v_b[i]`` over the ``(b, c)`` of
         ``dx``; ``gw = sum_i a[i] v_b[i]`` over the ``(a, b)`` of ``dw``; ``gy`` from the
         coefficients and ``sum c a`` over the ``(a, c)`` of ``dy``. ``tp_second`` also sums

@@ -7,13 +7,20 @@ from __future__ import annotations
 
 import numpy as np
 
+from jequi.sums import BACKWARD, FORWARD, GZ, W, X, Y, Sums
+
 from . import schedule
 from .config import Config
-from .schedule import LANES, Program, Sums
+from .schedule import LANES, Program
 
 CHUNKS = (LANES, 16, 8, 4, 2, 1)
 MAX_THREADS = 1024
 KINDS = ("tp_forward", "tp_backward", "tp_second", "conv_forward", "conv_backward", "conv_atomic_backward")
+
+# The sums every kind computes its part of by default (:func:`computed`): the product and its
+# vector-Jacobian product.
+FIRST_ORDER = Sums(FORWARD.out, *BACKWARD.pairs)
+
 
 def computed(kind: str, sums: Sums) -> Sums:
     """What a `kind` kernel computes of `sums`: a forward kind its ``out``, a backward kind its
@@ -65,6 +72,10 @@ class Plan:
         # (docs/tuning.md#schedule-split_float64_backward).
         self.split = not (self.conv or shared) and self.backward and self.dtype == np.float64
         self.needs_gx, self.needs_gy, self.needs_gw = self.sums.needs
+        # the operand positions the kernel takes, in parameter order: x, y, w always (one
+        # parameter list for every kernel of a kind; x sizes the batch), gz for a backward, and
+        # the cotangents its sums read
+        self.arrays = tuple(sorted({X, Y, W, *([GZ] if any(self.sums.needs) else []), *self.sums.reads}))
         self.tables = self.sums.y_likes
         # A batched forward in mul_ir keeps one channel per lane and moves its rows through
         # shared memory (:meth:`stage_x`, :meth:`store_acc`): a warp's 32 channels of a segment

@@ -1,5 +1,9 @@
-"""The CUDA kernels as JAX functions on flat arrays: the ``"cuda"`` backend's four ops and the
-sums of its fused double backward (:class:`~.schedule.Sums`)."""
+"""The CUDA kernels as JAX functions on flat arrays, with the kernel packages' one contract
+(``pallas_kernels`` exposes the same functions): the four first-order ops and the sums of a
+:class:`~jequi.sums.Sums` over ``arrays = (x, y, w, gz, ggx, ggy, ggw)`` (``gz`` at
+``arrays[GZ]``, shared weights where ``arrays[W]`` is 1-D), batched and as the fused
+convolution over a :class:`jequi.Graph`; :func:`jequi.backends.kernels.backend` makes a backend
+of them."""
 
 from __future__ import annotations
 
@@ -10,12 +14,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from jequi.graph import RowParts, part_edges, row_parts
+from jequi.sums import ALL, FORWARD, Sums
 from pallas_kernels.conv import add_extras
 
 from . import build, build_search, codegen, schedule
 from .config import DEFAULT, Config
-from .launch import computed
-from .schedule import FORWARD, Sums
+from .launch import FIRST_ORDER, computed
 
 DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 # Spill stores (bytes per thread) up to which the double backward's dgz runs inside its
@@ -23,6 +27,8 @@ DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 # few hundred bytes, and was a wash for one that spilled about two thousand
 # (benchmarks/results/2026-11-26-h100-fused-second-order.md; docs/tuning.md#ops-fused_spill_bytes).
 FUSED_SPILL_BYTES = 1024
+
+
 def available() -> bool:
     """Whether the kernels can run here: a CUDA GPU as JAX's default device and a toolchain."""
     return jax.default_backend() == "gpu" and build.toolchain_missing() is None
@@ -44,25 +50,12 @@ def unsupported_reason(desc) -> str | None:
     return None
 
 
-@functools.lru_cache(maxsize=256)
-def untouched(desc) -> tuple[bool, bool, bool]:
-    """Whether some element of ``x``, of ``w`` and of the output of `desc` is in no term (an
-    input or output segment that no path reaches, a path whose normalization is zero or whose
-    coefficients all vanish: :func:`~.schedule.terms`). The kernels write
-    only the segments and weights their terms reach, so ``gx``, ``gw`` or the output are then
-    zeroed before the kernel runs (``gy``'s unread components are stored as zeros)."""
-    ts = schedule.terms(desc)
-    d1, _, dout = desc.dims
-    x = sum(s.size for s in {id(t.x): t.x for t in ts}.values())
-    w = sum(p.weight_numel for p in {id(t.path): t.path for t in ts}.values())
-    out = sum(s.size for s in {id(t.out): t.out for t in ts}.values())
-    return x < d1, w < desc.weight_numel, out < dout
-
-
 def _zeroed(desc, needs) -> tuple[int, ...]:
     """The results of a backward computing the gradients `needs` that must start at zero
-    (:func:`untouched`), numbered among the results computed."""
-    x, w, _ = untouched(desc)
+    (:attr:`~jequi.TensorProductDescriptor.untouched`: the kernels write only the segments and
+    weights their terms reach; ``gy``'s unread components are stored as zeros), numbered among
+    the results computed."""
+    x, w = desc.untouched.x, desc.untouched.w
     computed = [i for i, need in enumerate(needs) if need]
     return tuple(computed.index(i) for i, partial in ((0, x), (2, w)) if needs[i] and partial)
 
@@ -71,7 +64,7 @@ def _zeroed(desc, needs) -> tuple[int, ...]:
 generated: dict[tuple, codegen.Kernel] = {}
 
 
-def kernel(desc, dtype, kind: str, sums: Sums = Sums(), shared: bool = False, config: Config = DEFAULT) -> codegen.Kernel:
+def kernel(desc, dtype, kind: str, sums: Sums = FIRST_ORDER, shared: bool = False, config: Config = DEFAULT) -> codegen.Kernel:
     """The generated kernel of `config`, made once per process (:func:`.build_search.make`)."""
     dtype = np.dtype(dtype)
     if dtype not in DTYPES:
@@ -99,13 +92,13 @@ def _call(k, arrays, outs, grid_x, scalars, indices=(), zero=()):
     return build.call(k, (*operands, *indices), outs, grid_x, arrays[0].size, scalars, zero)
 
 
-def forward_sum(desc, arrays, triples=FORWARD.out, config: Config = DEFAULT):
-    """``sum of f(arrays[a], arrays[b], arrays[c])`` over the `triples` (positions in
-    ``(x, y, w, gz, ggx, ggy, ggw)``; the default: the product of ``(x, y, w)``)."""
+def forward_sum(desc, arrays, sums: Sums = FORWARD, config: Config = DEFAULT):
+    """``sum of f(arrays[a], arrays[b], arrays[c])`` over the triples ``(a, b, c)`` of
+    ``sums.out`` (the default: the product of ``(x, y, w)``)."""
     x, _, w = arrays[:3]
     n = x.shape[0]
-    k = kernel(desc, x.dtype, "tp_forward", Sums(triples, (), (), ()), w.ndim == 1, config)
-    zero = (0,) if untouched(desc)[2] else ()
+    k = kernel(desc, x.dtype, "tp_forward", sums, w.ndim == 1, config)
+    zero = (0,) if desc.untouched.out else ()
     return _call(k, arrays, _struct((n, desc.dims[2]), x.dtype), -(-n // k.chunk) * k.groups, [n], zero=zero)
 
 
@@ -121,18 +114,17 @@ def _gradients(k, needs, results, shared: bool):
     return gx, gy, gw
 
 
-def backward_sum(desc, arrays, pairs, config: Config = DEFAULT):
-    """``(gx, gy, gw)``: each the sum of the backward against ``gz = arrays[3]`` over its
-    pairs in ``pairs = (gx pairs, gy pairs, gw pairs)`` (positions in ``(x, y, w, gz, ggx,
-    ggy, ggw)``, see :class:`~.schedule.Sums`); None for a gradient without pairs."""
-    return _batched_backward(desc, arrays, "tp_backward", Sums((), *pairs), config)
+def backward_sum(desc, arrays, sums: Sums, config: Config = DEFAULT):
+    """``(gx, gy, gw)``: each the sum of the backward against ``gz = arrays[GZ]`` over its
+    pairs in ``sums.pairs``; None for a gradient without pairs."""
+    return _batched_backward(desc, arrays, "tp_backward", sums.of_kind(backward=True), config)
 
 
-def second_sum(desc, arrays, triples, pairs, config: Config = DEFAULT):
-    """``(gx, gy, gw, out)``: :func:`backward_sum` over `pairs` and :func:`forward_sum` over
-    `triples` in one kernel (``tp_second``), which reads each row's operands once for both;
-    see :func:`fuses_second` for when it runs."""
-    return _batched_backward(desc, arrays, "tp_second", Sums(triples, *pairs), config)
+def second_sum(desc, arrays, sums: Sums, config: Config = DEFAULT):
+    """``(gx, gy, gw, out)``: :func:`backward_sum` and :func:`forward_sum` of `sums` in one
+    kernel (``tp_second``), which reads each row's operands once for both; see
+    :func:`fuses_second` for when it runs."""
+    return _batched_backward(desc, arrays, "tp_second", sums, config)
 
 
 def _batched_backward(desc, arrays, kind: str, sums: Sums, config: Config):
@@ -150,31 +142,39 @@ def _batched_backward(desc, arrays, kind: str, sums: Sums, config: Config):
     fused = kind == "tp_second"
     if fused:
         outs.append(_struct((n, dout), x.dtype))
-        zero += (len(outs) - 1,) if untouched(desc)[2] else ()
+        zero += (len(outs) - 1,) if desc.untouched.out else ()
     results = _call(k, arrays, outs, blocks * k.groups, [n], zero=zero)
     gradients = _gradients(k, sums.needs, results[:-1] if fused else results, shared)
     return (*gradients, results[-1]) if fused else gradients
 
 
-def fuses_second(desc, dtype, triples, pairs, shared: bool = False, config: Config = DEFAULT) -> bool:
-    """Whether the double backward's ``dgz`` (`triples`) and gradients (`pairs`) run as one
-    kernel (:func:`second_sum`) rather than two: both wanted, every output segment of `desc`
+def fuses_second(desc, dtype, sums: Sums, shared: bool = False, config: Config = DEFAULT) -> bool:
+    """Whether the double backward's ``dgz`` (``sums.out``) and gradients (``sums.pairs``) run
+    as one kernel (:func:`second_sum`) in `dtype` (with `shared` weights) rather than two: both wanted, every output segment of `desc`
     reached from one ``x`` segment (:func:`~.schedule.outputs_follow_x`), and the fused kernel
     spilling at most :data:`FUSED_SPILL_BYTES` (it is then built, once). One kernel reads each
     row once, and was the faster on every product measured; the two-kernel alternative stays
     only for products the fused one cannot run (docs/tuning.md#schedule-fused_second_order)."""
-    if not (triples and any(pairs) and schedule.outputs_follow_x(desc)):
+    if not (sums.out and any(sums.pairs) and schedule.outputs_follow_x(desc)):
         return False
-    k = kernel(desc, dtype, "tp_second", Sums(triples, *pairs), shared, config)
+    k = kernel(desc, dtype, "tp_second", sums, shared, config)
     return build.resources(build.cubin(k.source))["spill_stores"] <= FUSED_SPILL_BYTES
 
 
 def forward(desc, x, y, w, config: Config = DEFAULT):
-    return forward_sum(desc, (x, y, w), config=config)
+    """``z (N, out.dim)`` from ``x (N, in1.dim)``, ``y (N, in2.dim)``, ``w (N, nw)`` or ``(nw,)``."""
+    return forward_sum(desc, (x, y, w), FORWARD, config)
 
 
-def backward(desc, x, y, w, gz, needs=(True, True, True), config: Config = DEFAULT):
-    return backward_sum(desc, (x, y, w, gz), Sums.gradients(needs).pairs, config)
+def backward(desc, x, y, w, gz, needs=ALL, config: Config = DEFAULT):
+    """``(gx, gy, gw)``, None for those not flagged in `needs`; shared weights get ``gw``
+    summed over rows."""
+    return backward_sum(desc, (x, y, w, gz), Sums.gradients(needs), config)
+
+
+def _no_kahan(kahan: bool):
+    if kahan:
+        raise ValueError("the CUDA kernels have no compensated (Kahan) sums; use backend='pallas'")
 
 
 def _parts(offsets, graph) -> RowParts:
@@ -190,26 +190,31 @@ def _conv_call(k, arrays, graph, parts: RowParts, order, other, outs, zero):
     return _call(k, arrays, outs, parts.num_parts * k.groups, scalars, indices, zero)
 
 
-def conv_forward_sum(desc, arrays, graph, triples=FORWARD.out, config: Config = DEFAULT):
+def conv_forward_sum(desc, arrays, graph, sums: Sums = FORWARD, config: Config = DEFAULT, *, kahan: bool = False):
     """:func:`forward_sum` of the fused convolution over `graph`: ``x``-like rows gathered by
-    sender, the sums of each receiver's edges (hubs in parts, their partial sums added after)."""
+    sender, the sums of each receiver's edges (hubs in parts, their partial sums added after).
+    `kahan` (compensated sums) is refused."""
+    _no_kahan(kahan)
     x, _, w = arrays[:3]
-    k = kernel(desc, x.dtype, "conv_forward", Sums(triples, (), (), ()), w.ndim == 1, config)
+    k = kernel(desc, x.dtype, "conv_forward", sums, w.ndim == 1, config)
     parts = _parts(graph.receiver_offsets, graph)
     outs = [_struct((graph.num_nodes, desc.dims[2]), x.dtype), _struct((max(1, parts.num_extras), desc.dims[2]), x.dtype)]
-    zero = (0, 1) if untouched(desc)[2] else ()
+    zero = (0, 1) if desc.untouched.out else ()
     out, extras = _conv_call(k, arrays, graph, parts, graph.receiver_order, graph.receiver_senders, outs, zero)
     return add_extras(out, extras, parts.firsts)
 
 
-def conv_backward_sum(desc, arrays, graph, pairs, atomic: bool = False, config: Config = DEFAULT):
+def conv_backward_sum(desc, arrays, graph, sums: Sums, config: Config = DEFAULT, *, kahan: bool = False):
     """:func:`backward_sum` of the fused convolution over `graph`: ``gx`` per sender, ``gy``
-    and ``gw`` per edge. `atomic`: from a receiver walk that adds ``gx`` with atomics (fewer
-    bytes through L2, not bitwise deterministic; ``codegen``'s ``conv_atomic_backward``)."""
+    and ``gw`` per edge; with ``config.atomic_conv_backward`` from a receiver walk that adds
+    ``gx`` with atomics (fewer bytes through L2, not bitwise deterministic; ``codegen``'s
+    ``conv_atomic_backward``). `kahan` (compensated sums) is refused."""
+    _no_kahan(kahan)
     x, _, w = arrays[:3]
     d1, d2, _ = desc.dims
     shared = w.ndim == 1
-    sums = Sums((), *pairs)
+    atomic = config.atomic_conv_backward
+    sums = sums.of_kind(backward=True)
     k = kernel(desc, x.dtype, "conv_atomic_backward" if atomic else "conv_backward", sums, shared, config)
     ns, e = graph.num_senders, graph.num_edges
     if atomic:  # the receivers' CSR with the dropped edges as a last row
@@ -232,9 +237,13 @@ def conv_backward_sum(desc, arrays, graph, pairs, atomic: bool = False, config: 
     return _gradients(k, sums.needs, results, shared)
 
 
-def conv_forward(desc, x, y, w, graph, config: Config = DEFAULT):
-    return conv_forward_sum(desc, (x, y, w), graph, config=config)
+def conv_forward(desc, x, y, w, graph, config: Config = DEFAULT, *, kahan: bool = False):
+    """``out (num_nodes, out.dim)``: the sum over each receiver's edges of the product of its
+    sender's ``x`` row and the edge's ``y`` and ``w`` rows."""
+    return conv_forward_sum(desc, (x, y, w), graph, FORWARD, config, kahan=kahan)
 
 
-def conv_backward(desc, x, y, w, gout, graph, needs=(True, True, True), atomic: bool = False, config: Config = DEFAULT):
-    return conv_backward_sum(desc, (x, y, w, gout), graph, Sums.gradients(needs).pairs, atomic, config)
+def conv_backward(desc, x, y, w, gz, graph, needs=ALL, config: Config = DEFAULT, *, kahan: bool = False):
+    """``(gx, gy, gw)`` of :func:`conv_forward` for the output cotangent ``gz``, None for those
+    not flagged in `needs`."""
+    return conv_backward_sum(desc, (x, y, w, gz), graph, Sums.gradients(needs), config, kahan=kahan)

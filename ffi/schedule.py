@@ -21,85 +21,11 @@ import functools
 
 import numpy as np
 
-from jequi.autodiff import GZ, W, X, Y
 from jequi.descriptor import CG_ZERO, Path, Segment, TensorProductDescriptor
+from jequi.sums import BACKWARD, FORWARD, Sums
 
 LANES = 32
 SUPPORTED_MODES = ("uvu",)
-
-
-
-
-def _unique_positions(positions) -> tuple[int, ...]:
-    return tuple(sorted(set(positions)))
-
-
-@dataclasses.dataclass(frozen=True)
-class Sums:
-    """What a kernel sums, as positions in ``(x, y, w, gz, ggx, ggy, ggw)`` (the operands of
-    :class:`jequi.autodiff.SecondOrder`, whose terms these are):
-
-    * a forward kind: ``out = sum of f(a, b, c)`` over the triples ``out``;
-    * a backward kind: ``gx = sum of B(., b, c, gz).gx`` over the pairs ``(b, c)`` of ``dx``,
-      ``gy`` over ``dy``'s ``(a, c)``, ``gw`` over ``dw``'s ``(a, b)``; an empty tuple: that
-      gradient is not computed.
-
-    The defaults are the product and its vector-Jacobian product. In the kernels each
-    ``y``-like operand is an ``A`` table in shared memory, each ``x``-like and ``w``-like one a
-    row of values a lane loads (:meth:`x_likes`, :meth:`y_likes`, :meth:`w_likes`)."""
-
-    out: tuple = ((X, Y, W),)
-    dx: tuple = ((Y, W),)
-    dy: tuple = ((X, W),)
-    dw: tuple = ((X, Y),)
-
-    @classmethod
-    def gradients(cls, needs) -> "Sums":
-        """The vector-Jacobian product's sums of the gradients `needs` (three bools) asks for."""
-        full = cls()
-        return cls((), *(pairs if need else () for pairs, need in zip((full.dx, full.dy, full.dw), needs)))
-
-    def of_kind(self, backward: bool) -> "Sums":
-        """The sums a forward (or `backward`) kind computes: the others emptied."""
-        return Sums((), self.dx, self.dy, self.dw) if backward else Sums(self.out, (), (), ())
-
-    @property
-    def pairs(self) -> tuple[tuple, tuple, tuple]:
-        return self.dx, self.dy, self.dw
-
-    @property
-    def summed(self) -> bool:
-        """Whether a forward kind sums several products (the double backward's ``dgz``)."""
-        return len(self.out) > 1
-
-    @property
-    def needs(self) -> tuple[bool, bool, bool]:
-        return bool(self.dx), bool(self.dy), bool(self.dw)
-
-    @property
-    def x_likes(self) -> tuple[int, ...]:
-        return _unique_positions([a for a, _, _ in self.out] + [a for a, _ in self.dy + self.dw])
-
-    @property
-    def y_likes(self) -> tuple[int, ...]:
-        """The ``A`` tables: ``gy`` is computed from the coefficients, not from a table."""
-        return _unique_positions([b for _, b, _ in self.out] + [b for b, _ in self.dx] + [b for _, b in self.dw])
-
-    @property
-    def w_likes(self) -> tuple[int, ...]:
-        return _unique_positions([c for _, _, c in self.out] + [c for _, c in self.dx + self.dy])
-
-    @property
-    def arrays(self) -> tuple[int, ...]:
-        """The positions a kernel takes: ``x, y, w`` always (one parameter list for every
-        kernel of a kind; ``x`` sizes the batch), ``gz`` for a backward, and the cotangents it
-        reads."""
-        backward = bool(self.dx or self.dy or self.dw)
-        return _unique_positions([X, Y, W, *([GZ] if backward else []), *self.x_likes, *self.y_likes, *self.w_likes])
-
-
-FORWARD = Sums().of_kind(backward=False)
-BACKWARD = Sums().of_kind(backward=True)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -207,7 +133,7 @@ def terms(desc: TensorProductDescriptor) -> tuple[Term, ...]:
     """The terms of the active paths of `desc` (its trilinear view: every path weighted); the
     same objects on every call, so schedules of one descriptor can be compared by identity. A
     path whose coefficients are all below the kernels' zero (a vanishing path weight) has none:
-    what it would write is zeroed (``ffi.ops.untouched``)."""
+    what it would write is zeroed (:attr:`~jequi.TensorProductDescriptor.untouched`)."""
     out = []
     for p in desc.active_paths:
         assert p.mode == "uvu" and p.has_weight, p

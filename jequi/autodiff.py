@@ -10,7 +10,7 @@ derivatives of ``T`` in one slot with the other three filled by arrays:
 
 A backend provides the kernels that evaluate such sums (:class:`Kernels`): ``forward``,
 ``backward`` (the three gradients against one ``gz``, those in ``needs`` only) and ``second``
-(the fused sums of a :class:`SecondOrder`). This module turns them into one JAX primitive,
+(the fused sums of a :class:`jequi.sums.Sums`). This module turns them into one JAX primitive,
 ``jequi_trilinear``, whose outputs are sums of terms (:class:`Term`) and whose rules are
 closed over such sums:
 
@@ -36,7 +36,7 @@ forward and reverse mode (``jax.jvp``, ``jax.linearize``, ``jax.jacfwd``, ``jax.
 ``jvp`` of ``grad``) need no further kernels. When the primitive is evaluated, its terms are
 packed into as few kernel calls as the kernels allow (:func:`_pack`): all terms of one
 call share their ``gz``, and hold at most two arrays per slot (the ``(x, y, w, gz, ggx, ggy,
-ggw)`` positions of :class:`SecondOrder`). A plain forward or backward goes to ``forward`` /
+ggw)`` positions of :mod:`jequi.sums`). A plain forward or backward goes to ``forward`` /
 ``backward``; the double backward of force training, and a forward-mode tangent (three
 products), to one fused ``second`` call.
 
@@ -59,65 +59,11 @@ from jax.extend import core
 from jax.interpreters import ad, batching, mlir
 from jax.interpreters import partial_eval as pe
 
-# Positions of the double backward's operands in the tuple a backend's ``second`` takes,
-# ``(x, y, w, gz, ggx, ggy, ggw)``; the terms of :class:`SecondOrder` name them so.
-X, Y, W, GZ, GGX, GGY, GGW = range(7)
+from .sums import GZ, W, X, Y, Sums
+
 # The slots of T(x, y, w, gz); an output of slot Z is a forward (z has gz's shape).
 Z = GZ
 SLOTS = (X, Y, W, Z)
-
-
-@jax.tree_util.register_static
-@dataclasses.dataclass(frozen=True)
-class SecondOrder:
-    """Sums a backend's fused ``second`` kernel computes, as positions in ``(x, y, w, gz, ggx,
-    ggy, ggw)``:
-
-    * ``dgz``: triples ``(x-like, y-like, w-like)``, ``d/dgz = sum of f(...)`` over them;
-    * ``dx``: pairs ``(y-like, w-like)``, ``d/dx = sum of B(., y, w, gz).gx``;
-    * ``dy``: pairs ``(x-like, w-like)``; ``dw``: pairs ``(x-like, y-like)``, likewise.
-
-    The double backward of the identity (:meth:`of`) has this shape, and so does a
-    forward-mode tangent (``dgz`` only). A fused kernel computes each sum in one pass: the
-    ``B`` terms of all three results share their reads of ``x, y, w, gz`` (and the
-    cotangents), and nothing is written but the four results."""
-
-    dgz: tuple = ()
-    dx: tuple = ()
-    dy: tuple = ()
-    dw: tuple = ()
-
-    @classmethod
-    def of(cls, perturbed, nonzero) -> "SecondOrder":
-        """The identity's terms from which of ``(x, y, w, gz)`` are perturbed and which of
-        ``(ggx, ggy, ggw)`` are nonzero."""
-        px, py, pw, pgz = perturbed
-        hx, hy, hw = nonzero
-
-        def keep(want, *candidates):
-            return tuple(term for term, has in candidates if has) if want else ()
-
-        return cls(
-            dgz=keep(pgz, ((GGX, Y, W), hx), ((X, GGY, W), hy), ((X, Y, GGW), hw)),
-            dx=keep(px, ((GGY, W), hy), ((Y, GGW), hw)),
-            dy=keep(py, ((GGX, W), hx), ((X, GGW), hw)),
-            dw=keep(pw, ((GGX, Y), hx), ((X, GGY), hy)),
-        )
-
-    def __bool__(self) -> bool:
-        return bool(self.dgz or self.dx or self.dy or self.dw)
-
-    @property
-    def pairs(self) -> tuple:
-        """``(dx, dy, dw)``: the backward-like sums' pairs, as a backward kernel takes them."""
-        return (self.dx, self.dy, self.dw)
-
-    def evaluate(self, forward_sum: Callable, backward_sum: Callable) -> tuple:
-        """``(dx, dy, dw, dgz)`` from a backend's pair of fused kernels: ``forward_sum(dgz
-        triples)`` and ``backward_sum((dx, dy, dw) pairs)``, each called only where it has
-        terms (None where a result is not wanted)."""
-        grads = backward_sum(self.pairs) if any(self.pairs) else (None,) * 3
-        return (*grads, forward_sum(self.dgz) if self.dgz else None)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -127,7 +73,7 @@ class Kernels:
 
     * ``forward(x, y, w, *aux) -> z``;
     * ``backward(x, y, w, gz, *aux, needs) -> (gx, gy, gw)``, None where ``needs`` is False;
-    * ``second(spec, arrays, *aux) -> (dx, dy, dw, dgz)``: the sums of a :class:`SecondOrder`
+    * ``second(sums, arrays, *aux) -> (dx, dy, dw, dgz)``: the :class:`~jequi.sums.Sums`
       over ``arrays = (x, y, w, gz, ggx, ggy, ggw)`` (None for an array no term reads, but
       ``x``, ``y``, ``w`` and ``gz``, which give the shapes), None for an empty sum."""
 
@@ -141,10 +87,10 @@ class Kernels:
 
 
 def composed_second(forward: Callable, backward: Callable) -> Callable:
-    """``second(spec, arrays, *aux)`` from ``forward`` and ``backward`` calls, one per term:
+    """``second(sums, arrays, *aux)`` from ``forward`` and ``backward`` calls, one per term:
     for a backend without a fused one (and for sums a fused rule does not cover)."""
 
-    def second(spec: SecondOrder, arrays, *aux):
+    def second(sums: Sums, arrays, *aux):
         def total(values):
             return functools.reduce(jnp.add, values) if values else None
 
@@ -158,8 +104,8 @@ def composed_second(forward: Callable, backward: Callable) -> Callable:
                 values.append(backward(*operands, arrays[GZ], *aux, needs=needs)[slot])
             return total(values)
 
-        dgz = total([forward(*(arrays[p] for p in triple), *aux) for triple in spec.dgz])
-        return (*(gradient(slot, pairs) for slot, pairs in zip((X, Y, W), spec.pairs)), dgz)
+        dgz = total([forward(*(arrays[p] for p in triple), *aux) for triple in sums.out])
+        return (*(gradient(slot, pairs) for slot, pairs in zip((X, Y, W), sums.pairs)), dgz)
 
     return second
 
@@ -211,7 +157,7 @@ def _call_accepts(call: dict, k: int, slot: int, term: Term) -> bool:
 def _pack(outputs) -> list[dict]:
     """Kernel calls for the terms of `outputs` (``(slot, terms)`` each): a call takes at most
     one output per slot, one ``gz`` for its backward terms and two arrays per slot (the
-    positions of :class:`SecondOrder`); terms go to the first call that takes them."""
+    positions of :mod:`jequi.sums`); terms go to the first call that takes them."""
     calls: list[dict] = []
     for k, (slot, terms) in enumerate(outputs):
         for term in terms:
@@ -248,12 +194,12 @@ def _run(kernels: Kernels, call: dict, arrays, aux, shapes, dtype) -> dict:
     sums = {X: [], Y: [], W: [], Z: []}
     for slot, term in call["terms"]:
         sums[slot].append(tuple(position[term[s]] for s in (X, Y, W, Z) if s != slot and s != Z))
-    spec = SecondOrder(dgz=tuple(sums[Z]), dx=tuple(sums[X]), dy=tuple(sums[Y]), dw=tuple(sums[W]))
+    spec = Sums(out=tuple(sums[Z]), dx=tuple(sums[X]), dy=tuple(sums[Y]), dw=tuple(sums[W]))
     outputs = call["outputs"]
-    if not any(spec.pairs) and spec.dgz == ((X, Y, W),):
+    if not any(spec.pairs) and spec.out == ((X, Y, W),):
         return {outputs[Z]: kernels.forward(*slot_arrays[:3], *aux)}
-    if not spec.dgz and all(p in ((), (_PLAIN_PAIRS[s],)) for s, p in zip((X, Y, W), spec.pairs)):
-        needs = tuple(bool(p) for p in spec.pairs)
+    if not spec.out and all(p in ((), (_PLAIN_PAIRS[s],)) for s, p in zip((X, Y, W), spec.pairs)):
+        needs = spec.needs
         grads = kernels.backward(*slot_arrays[:4], *aux, needs=needs)
         return {outputs[s]: g for s, g in zip((X, Y, W), grads) if g is not None}
     if slot_arrays[GZ] is None:  # a forward sum: gz is not read, the kernels take its shape

@@ -23,7 +23,7 @@ import dataclasses
 import functools
 import math
 import numbers
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import e3nn_jax as e3nn
 import numpy as np
@@ -215,6 +215,17 @@ def _clebsch_gordan(l1: int, l2: int, l3: int) -> np.ndarray:
     return cg
 
 
+class Untouched(NamedTuple):
+    """What no term of a product reaches (:attr:`TensorProductDescriptor.untouched`): a kernel
+    that writes only what its terms reach leaves these results unwritten, so its caller (or
+    the kernel) zeroes them."""
+
+    x: bool  # some element of x is in no active path with a nonzero coefficient: gx is zero there
+    w: bool  # some weight is in no such path: gw is zero there
+    out: bool  # some output element is reached by no such path: the output is zero there
+    inactive_weights: tuple  # the weighted paths that touch no data (not active): their gw is zero
+
+
 class TensorProductDescriptor:
     """Validated, normalized description of a CG tensor product (see module docstring).
 
@@ -346,7 +357,8 @@ class TensorProductDescriptor:
         if all(p.has_weight for p in self.paths):
             return self
         new = copy.copy(self)
-        new.__dict__.pop("trilinear", None)  # the cached view of self, not of new
+        for cached in ("trilinear", "untouched"):  # self's cached properties, not new's
+            new.__dict__.pop(cached, None)
         paths, offset = [], self.weight_numel
         for p in self.paths:
             if not p.has_weight:
@@ -357,3 +369,20 @@ class TensorProductDescriptor:
         new.paths, new.weight_numel, new._key = tuple(paths), offset, self._key + ("trilinear",)
         return new
 
+    @functools.cached_property
+    def untouched(self) -> Untouched:
+        """Which of ``x``, ``w`` and the output hold an element that no active path with a
+        nonzero coefficient (above :data:`CG_ZERO`) touches (an input or output segment that no
+        path reaches, a path whose normalization is zero or whose coefficients all vanish),
+        and the weighted paths that are not active. The kernels read it once per descriptor:
+        the CUDA ones zero those results before they run, the Pallas ones store zero ``gw``
+        for the inactive paths."""
+        reached = [p for p in self.active_paths if np.any(np.abs(p.cg) > CG_ZERO)]
+        d1, _, dout = self.dims
+        active = set(map(id, self.active_paths))
+        return Untouched(
+            x=sum(self.in1[s].size for s in {p.i_in1 for p in reached}) < d1,
+            w=sum(p.weight_numel for p in reached) < self.weight_numel,
+            out=sum(self.out[s].size for s in {p.i_out for p in reached}) < dout,
+            inactive_weights=tuple(p for p in self.paths if p.weight_numel and id(p) not in active),
+        )

@@ -3,14 +3,14 @@
 ``out[r] = sum over edges e into r of tp(x[senders[e]], y[e], w[e])``, on a
 :class:`jequi.Graph` (edges in any order; the graph holds both CSR orders):
 
-* :func:`conv_forward` walks receivers: a program owns a part of a receiver's edges (the
+* :func:`conv_forward_sum` walks receivers: a program owns a part of a receiver's edges (the
   whole row unless it is a hub or the graph is small, :func:`split_rows`) and a group of
   output segments (:func:`.heuristics.conv_output_groups`), loops over its edges in receiver order (a
   dynamic-length loop), computes each edge's product with the generated instruction stream
   of :mod:`.row_code`, keeps the sum in registers and writes it once; the parts of a
   split row are added in a fixed order after (:func:`add_extras`). No per-edge output buffer,
   no atomics: the summation order is fixed by the graph, so results are bitwise reproducible.
-* :func:`conv_backward` walks senders (in parts, as the forward) through the transpose order, and
+* :func:`conv_backward_sum` walks senders (in parts, as the forward) through the transpose order, and
   the parts of the dropped edges (out-of-range indices) to zero their gradients: for each edge it writes
   ``gy[e]`` and ``gw[e]`` (per-edge, no reduction) and adds the edge's ``gx`` contribution
   to the sender's sum, written once. One kernel (programs split by ``x`` segment and by
@@ -18,10 +18,10 @@
   deterministic, no ``|E| x in1.dim`` buffer. It reads a copy of the
   output cotangent in the ``ir_mul`` layout (:data:`COTANGENT_LAYOUT`).
 
-Both walk sums of trilinear terms (:func:`conv_forward_sum`, :func:`conv_backward_sum`), as
-the batched kernels do: the fused double backward runs the seven-op identity's sums through
-them (``jequi.backends.pallas.conv_second``). Optional Kahan (compensated) summation of the
-on-chip sums, for f32.
+Both walk the sums of a :class:`~jequi.sums.Sums`, as the batched kernels do: the fused double
+backward runs the seven-op identity's sums through them (:mod:`jequi.backends.kernels`). They
+take the graph's index arrays; :mod:`.ops` calls them with a :class:`jequi.Graph`. Optional
+Kahan (compensated) summation of the on-chip sums, for f32.
 """
 
 from __future__ import annotations
@@ -34,15 +34,15 @@ import numpy as np
 from jax.experimental import pallas as pl
 
 from jequi.descriptor import layout_positions
-
 from jequi.graph import RowParts, part_edges, row_parts
+from jequi.sums import W, Sums
 
-from .config import DEFAULT, Config
+from .config import Config
 from .heuristics import chained_forward, conv_backward_programs, conv_forward_warps, conv_output_groups, fill_edges, num_warps
 from .lowering import on_gpu, pallas_call
 from .row_code import (
-    ALL, FORWARD_TERMS, Row, add_parts, backward_row, backward_terms, chunks, forward_values, inactive_paths, iota,
-    needed_outputs, pairs_of, row_refs, slots, storer, used_positions, zero_weights,
+    Row, add_parts, backward_row, chunks, forward_values, iota, needed_outputs, pairs_of, row_refs, slots, storer,
+    triples_of, zero_weights,
 )  # fmt: skip
 
 
@@ -172,22 +172,22 @@ def _store_row(refs, slot, num_rows: int, width: int, values, idx_list):
                 store(idx, value)
 
 
-@functools.partial(jax.jit, static_argnames=("desc", "terms", "edges_sorted", "kahan", "config"))
+@functools.partial(jax.jit, static_argnames=("desc", "sums", "edges_sorted", "kahan", "config"))
 def conv_forward_sum(
-    desc, arrays, receiver_senders, receiver_order, receiver_offsets, *, terms=FORWARD_TERMS,
-    edges_sorted: bool = False, kahan: bool = False, config: Config = DEFAULT,
+    desc, arrays, receiver_senders, receiver_order, receiver_offsets, *, sums: Sums, edges_sorted: bool, kahan: bool,
+    config: Config,
 ):  # fmt: skip
-    """``out (num_nodes, out.dim)``, the conv of the sum of the trilinear `terms` (positions
-    in `arrays`, as :func:`~pallas_kernels.per_row.forward_sum`): ``x``-like arrays
+    """``out (num_nodes, out.dim)``, the conv of the forward-like sum of `sums` (positions in
+    `arrays`, as :func:`~pallas_kernels.per_row.forward_sum`): ``x``-like arrays
     are per node (read at the edge's sender), ``y``- and ``w``-like ones per edge. The index
     arrays as in :class:`jequi.Graph` (``edges_sorted``: ``receiver_order`` is the identity
     and is not read). A program owns a part of a receiver's edges (:func:`split_rows`) and a
     group of output segments (:func:`.heuristics.conv_output_groups`)."""
     do = desc.dims[2]
-    used = used_positions(terms)
-    node_positions = {i for i, _, _ in terms}
-    num_edges = arrays[terms[0][1]].shape[0]
-    dtype = arrays[terms[0][0]].dtype
+    used = sums.reads
+    node_positions = set(sums.x_likes)
+    num_edges = arrays[sums.out[0][1]].shape[0]
+    dtype = arrays[sums.out[0][0]].dtype
     warps = conv_forward_warps(desc, dtype, config)
     groups = conv_output_groups(desc, dtype, config)
     parts = split_rows(receiver_offsets, num_edges, len(groups), warps, kahan, config)
@@ -206,7 +206,7 @@ def conv_forward_sum(
                 def edge(k, acc):
                     e = k if edges_sorted else order_ref[k]
                     rows = {**row_refs(arrays, node_refs, s_ref[k]), **row_refs(arrays, edge_refs, e)}
-                    triples = [(rows[i], rows[j], rows[c]) for i, j, c in terms]
+                    triples = triples_of(sums, rows)
                     if acc is None or chained:
                         return forward_values(desc, triples, outputs, acc)
                     return [a + v for a, v in zip(acc, forward_values(desc, triples, outputs))]
@@ -222,27 +222,21 @@ def conv_forward_sum(
     return add_extras(z.reshape(num_nodes, do), extras, parts.firsts)
 
 
-def conv_forward(desc, x, y, w, receiver_senders, receiver_order, receiver_offsets, **options):
-    """``out (num_nodes, out.dim)`` (`options` as :func:`conv_forward_sum`'s)."""
-    return conv_forward_sum(desc, (x, y, w), receiver_senders, receiver_order, receiver_offsets, **options)
-
-
-@functools.partial(jax.jit, static_argnames=("desc", "terms", "shared_weights", "kahan", "config"))
+@functools.partial(jax.jit, static_argnames=("desc", "sums", "kahan", "config"))
 def conv_backward_sum(
-    desc, gout, arrays, sender_receivers, sender_order, sender_offsets, *, terms, shared_weights: bool,
-    kahan: bool = False, config: Config = DEFAULT,
+    desc, gout, arrays, sender_receivers, sender_order, sender_offsets, *, sums: Sums, kahan: bool, config: Config,
 ):  # fmt: skip
     """``(gx, gy, gw)`` of the conv for the output cotangent ``gout``, each the sum over its
-    pairs in ``terms = (gx pairs, gy pairs, gw pairs)`` (positions in `arrays`, as
+    pairs in ``sums.pairs`` (backward-like sums; positions in `arrays`, as
     :func:`~pallas_kernels.per_row.backward_sum`; ``x``-like arrays per node, the
     others per edge), None for a gradient without pairs; the index arrays as in
     :class:`jequi.Graph` (the last bucket of ``sender_offsets`` holds the dropped edges, which
     get zero ``gy`` and ``gw``). A program owns a part of a sender's edges (or of the dropped
     edges; :func:`split_rows`) and a :func:`.heuristics.conv_backward_programs` entry (an x segment's chunk of
     paths); each group writes its own partial ``gy`` and each chunk its own partial ``gx``,
-    summed here. With `shared_weights`, ``gw`` is summed over edges."""
-    used = used_positions(pair for pairs in terms for pair in pairs)
-    node_positions = {a for a, _ in terms[1] + terms[2]}
+    summed here. Shared weights (a 1-D ``arrays[W]``) get ``gw`` summed over edges."""
+    used = sums.reads
+    node_positions = set(sums.x_likes)
     g_positions = layout_positions(desc.out, COTANGENT_LAYOUT)
     if not np.array_equal(g_positions, np.arange(g_positions.size)):
         gout = gout[:, np.argsort(g_positions)]
@@ -251,10 +245,10 @@ def conv_backward_sum(
     d1, d2, do = desc.dims
     nw = desc.weight_numel
     dtype = gout.dtype
-    needs = tuple(bool(pairs) for pairs in terms)
+    needs = sums.needs
     in2_slots = slots(desc.in2)
     groups, partials = conv_backward_programs(desc, config)
-    inactive = inactive_paths(desc) if needs[2] else []
+    inactive = list(desc.untouched.inactive_weights) if needs[2] else []
     warps = num_warps(desc, config, backward=True)
     parts = split_rows(sender_offsets, num_edges, len(groups), warps, kahan, config)
     extras_rows = _extras_rows(parts)
@@ -291,7 +285,7 @@ def conv_backward_sum(
                     rows = {**row_refs(arrays, node_refs, n), **row_refs(arrays, edge_refs, e)}
                     store_gw = None if gw_ref is None else storer(gw_ref, e * nw)
                     gx, gy = backward_row(
-                        desc, Row(g_ref, r_ref[k] * do, g_positions), pairs_of(terms, rows), store_gw, paths,
+                        desc, Row(g_ref, r_ref[k] * do, g_positions), pairs_of(sums, rows), store_gw, paths,
                         gx_start=(in1, () if acc is None else acc), tile_min_lanes=config.tile_min_lanes,
                     )  # fmt: skip
                     if gi == 0:
@@ -342,16 +336,5 @@ def conv_backward_sum(
         gy = add_parts(gy.reshape(len(groups), num_edges, d2))
     if gw is not None:
         gw = gw.reshape(num_edges, nw)
-        gw = gw.sum(0) if shared_weights else gw
+        gw = gw.sum(0) if arrays[W].ndim == 1 else gw
     return gx, gy, gw
-
-
-def conv_backward(
-    desc, x, y, w, gout, sender_receivers, sender_order, sender_offsets, *, needs=ALL, kahan=False, config=DEFAULT
-):
-    """``(gx, gy, gw)`` of :func:`conv_forward` for the output cotangent ``gout``, None for
-    those not flagged in `needs`."""
-    return conv_backward_sum(
-        desc, gout, (x, y, w), sender_receivers, sender_order, sender_offsets, terms=backward_terms(needs),
-        shared_weights=w.ndim == 1, kahan=kahan, config=config,
-    )  # fmt: skip

@@ -209,14 +209,14 @@ def backward_groups(desc, dtype, config: Config = DEFAULT) -> list[tuple[list[in
 SECOND_OUTPUTS = 32
 
 
-def fuses_second(desc, dtype, triples, pairs, config: Config = DEFAULT) -> bool:
-    """Whether :func:`.per_row.second_sum` computes the double backward's ``dgz`` (`triples`) with its
-    gradients (`pairs`): both wanted, ``config.fused_second`` (or its rule), the programs not split
+def fuses_second(desc, dtype, sums, config: Config = DEFAULT) -> bool:
+    """Whether :func:`.per_row.second_sum` computes the double backward's ``dgz`` (``sums.out``)
+    with its gradients (``sums.pairs``): both wanted, ``config.fused_second`` (or its rule), the programs not split
     by channel windows, and their partial ``dgz`` rows (one per program, added after as
     ``gy``'s) fewer values than the row of ``x, y, w`` the forward kernel would read again."""
     d1, d2, do = desc.dims
     wanted = do <= SECOND_OUTPUTS if config.fused_second is None else config.fused_second
-    if not (wanted and triples and any(pairs)) or channel_windows(desc, dtype, config) != [None]:
+    if not (wanted and sums.out and any(sums.pairs)) or channel_windows(desc, dtype, config) != [None]:
         return False
     return len(backward_groups(desc, dtype, config)) * do <= d1 + d2 + desc.weight_numel
 

@@ -2,13 +2,13 @@
 
 A program owns ``rows_per_program`` batch rows (:func:`.heuristics.rows_per_program`) and
 runs each row's instruction stream (:mod:`.row_code`), its channels vectorized. Each kernel
-computes a sum of trilinear terms (:func:`forward_sum`, :func:`backward_sum`): the
-first-order ops have one term, the fused double backward of :mod:`jequi.autodiff` up to three
-per result, sharing every load of a row. The forward splits wide outputs over programs by
+computes the sums of a :class:`~jequi.sums.Sums` (:func:`forward_sum`, :func:`backward_sum`):
+the first-order ops have one term, the fused double backward of :mod:`jequi.autodiff` up to
+three per result, sharing every load of a row. The forward splits wide outputs over programs by
 output segment (:func:`.heuristics.forward_groups`); the backward runs a program per ``x``
 segment (:func:`.heuristics.backward_groups`) and per window of its channels
 (:func:`.heuristics.channel_windows`) where that was measured to pay. Products of
-one-channel inputs run on :mod:`.row_blocks` instead (:mod:`.batched` picks).
+one-channel inputs run on :mod:`.row_blocks` instead (:mod:`.ops` picks).
 """
 
 from __future__ import annotations
@@ -18,25 +18,28 @@ import functools
 import jax
 from jax.experimental import pallas as pl
 
-from .config import DEFAULT, Config
+from jequi.sums import W, Sums
+
+from .config import Config
 from .heuristics import backward_groups, batched_warps, channel_windows, forward_groups, fused_forward, rows_per_program
 from .lowering import multiply_adds, pallas_call
 from .row_code import (
-    FORWARD_TERMS, Row, add_parts, backward_row, forward_values, inactive_paths, needed_outputs, pairs_of, row_refs,
-    rows_loop, slots, storer, used_positions, weight_gradient, zero_weights,
+    Row, add_parts, backward_row, forward_values, needed_outputs, pairs_of, row_refs, rows_loop, slots, storer,
+    triples_of, weight_gradient, zero_weights,
 )  # fmt: skip
 
 
-@functools.partial(jax.jit, static_argnames=("desc", "terms", "config"))
-def forward_sum(desc, arrays, *, terms=FORWARD_TERMS, config: Config = DEFAULT):
-    """``z (N, out.dim) = sum of f(arrays[a], arrays[b], arrays[c]) over (a, b, c) in terms``:
-    ``x``-like arrays ``(N, in1.dim)``, ``y``-like ``(N, in2.dim)``, ``w``-like ``(N, nw)`` or
-    shared ``(nw,)`` (None where no term reads it)."""
-    used = used_positions(terms)
-    n = arrays[terms[0][0]].shape[0]
+@functools.partial(jax.jit, static_argnames=("desc", "sums", "config"))
+def forward_sum(desc, arrays, *, sums: Sums, config: Config):
+    """``z (N, out.dim) = sum of f(arrays[a], arrays[b], arrays[c]) over (a, b, c) in
+    sums.out`` (forward-like sums): ``x``-like arrays ``(N, in1.dim)``, ``y``-like ``(N,
+    in2.dim)``, ``w``-like ``(N, nw)`` or shared ``(nw,)`` (None where no term reads it)."""
+    used = sums.reads
+    first = sums.out[0][0]
+    n = arrays[first].shape[0]
     do = desc.dims[2]
     rpp = rows_per_program(desc, n, config, forward=True)
-    dtype = arrays[terms[0][0]].dtype
+    dtype = arrays[first].dtype
     groups = forward_groups(desc, dtype, config)
     fused = fused_forward(dtype, config)
 
@@ -51,7 +54,7 @@ def forward_sum(desc, arrays, *, terms=FORWARD_TERMS, config: Config = DEFAULT):
                 def _():  # loads cached inside the branch: a group loads only its paths' inputs
                     r = row_refs(arrays, dict(zip(used, in_refs)), b)
                     with multiply_adds(fused):
-                        values = forward_values(desc, [(r[i], r[j], r[k]) for i, j, k in terms], outputs)
+                        values = forward_values(desc, triples_of(sums, r), outputs)
                     store = storer(z_ref, b * do)
                     for idx, value in zip(slots([desc.out[s] for s in outputs]), values):
                         store(idx, value)
@@ -67,32 +70,33 @@ def forward_sum(desc, arrays, *, terms=FORWARD_TERMS, config: Config = DEFAULT):
     return z.reshape(n, do)
 
 
+def backward_sum(desc, g, arrays, *, sums: Sums, config: Config):
+    """``(gx, gy, gw)``: each the sum of the backward over its pairs in ``sums.pairs``
+    (backward-like sums; positions in `arrays`, which :func:`pairs_of` turns into the rows of a
+    :class:`Pairs`) against the output cotangent ``g (N, out.dim)``; None for a gradient
+    without pairs. Shared weights (a 1-D ``arrays[W]``) get ``gw`` summed over rows."""
+    return _backward(desc, g, arrays, sums=sums, config=config)[:3]
 
-def backward_sum(desc, g, arrays, *, terms, shared_weights: bool, config: Config = DEFAULT):
-    """``(gx, gy, gw)``: each the sum of the backward over its pairs in ``terms = (gx pairs,
-    gy pairs, gw pairs)`` (pairs of positions in `arrays`, which :func:`pairs_of` turns into
-    the rows of a :class:`Pairs`) against the output cotangent ``g (N, out.dim)``; None for a
-    gradient without pairs. With `shared_weights`, ``gw`` is summed over rows."""
-    return _backward(desc, g, arrays, terms=terms, triples=(), shared_weights=shared_weights, config=config)[:3]
 
-
-def second_sum(desc, g, arrays, *, triples, terms, shared_weights: bool, config: Config = DEFAULT):
-    """``(gx, gy, gw, dgz)``: :func:`backward_sum` over `terms` and :func:`forward_sum` over
-    `triples` in one kernel, whose programs read each row's operands once for both (see
+def second_sum(desc, g, arrays, *, sums: Sums, config: Config):
+    """``(gx, gy, gw, dgz)``: :func:`backward_sum` and :func:`forward_sum` of `sums` in one
+    kernel, whose programs read each row's operands once for both (see
     :func:`.heuristics.fuses_second` for where it pays)."""
-    return _backward(desc, g, arrays, terms=terms, triples=triples, shared_weights=shared_weights, config=config)
+    return _backward(desc, g, arrays, sums=sums, config=config)
 
 
-@functools.partial(jax.jit, static_argnames=("desc", "terms", "triples", "shared_weights", "config"))
-def _backward(desc, g, arrays, *, terms, triples, shared_weights: bool, config: Config):
-    """:func:`backward_sum`, and with `triples` the forward sum over them too (last)."""
+@functools.partial(jax.jit, static_argnames=("desc", "sums", "config"))
+def _backward(desc, g, arrays, *, sums: Sums, config: Config):
+    """:func:`backward_sum`, and with a forward-like sum in `sums` that sum too (last)."""
     n = g.shape[0]
     d1, d2, do = desc.dims
     nw = desc.weight_numel
     rpp = rows_per_program(desc, n, config)
     dtype = g.dtype
-    used = used_positions([pair for pairs in terms for pair in pairs] + list(triples))
-    needs = tuple(bool(pairs) for pairs in terms)
+    triples = sums.out
+    used = sums.reads
+    needs = sums.needs
+    shared_weights = arrays[W].ndim == 1
     windows = channel_windows(desc, dtype, config)
     assert not triples or windows == [None], "a channel window's forward would split its outputs' channels"
     groups = [(*group, window) for group in backward_groups(desc, dtype, config) for window in windows]
@@ -115,18 +119,18 @@ def _backward(desc, g, arrays, *, terms, triples, shared_weights: bool, config: 
                 def _():  # loads cached inside the branch: a group never sees another's values
                     r = row_refs(arrays, dict(zip(used, in_refs)), b)
                     gx, gy = backward_row(
-                        desc, Row(g_ref, b * do), pairs_of(terms, r), store_gw, paths, window,
+                        desc, Row(g_ref, b * do), pairs_of(sums, r), store_gw, paths, window,
                         tile_min_lanes=config.tile_min_lanes,
                     )
                     if gi == 0 and gw_ref is not None:
-                        zero_weights(inactive_paths(desc), store_gw, dtype)
+                        zero_weights(desc.untouched.inactive_weights, store_gw, dtype)
                     if gx_ref is not None:
                         gx.store([desc.in1[s] for s in segments], storer(gx_ref, b * d1), dtype, window)
                     if gy_ref is not None:
                         gy.store(desc.in2, storer(gy_ref, (gi * n + b) * d2), dtype)
                     if dgz_ref is not None:
                         with multiply_adds(fused_forward(dtype, config)):
-                            values = forward_values(desc, [(r[i], r[j], r[k]) for i, j, k in triples], paths=paths)
+                            values = forward_values(desc, triples_of(sums, r), paths=paths)
                         store = storer(dgz_ref, (gi * n + b) * do)
                         for idx, value in zip(slots(desc.out), values):
                             store(idx, value)

@@ -16,8 +16,8 @@ channels of a row are vectors. Here a program owns a block of rows (``Config.blo
   gz[:, w, k]`` (a reduction along the tile), then spread by the coefficients into ``gx`` and
   ``gy``; ``gw[:, w] = sum_k t[:, k] gz[:, w, k]``.
 
-Both compute sums of trilinear terms (the fused double backward's too), as the kernels of
-:mod:`.per_row` do, with the same signatures. Rows past the end are clamped onto the
+Both compute the sums of a :class:`~jequi.sums.Sums` (the fused double backward's too), as the
+kernels of :mod:`.per_row` do, with the same signatures. Rows past the end are clamped onto the
 last row: those lanes recompute it and store the same values again.
 """
 
@@ -30,12 +30,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import pallas as pl
 
-from .config import DEFAULT, Config
+from jequi.sums import W, Sums
+
+from .config import Config
 from .heuristics import block_backward_rows
 from .lowering import pallas_call
 from .row_code import (
-    FORWARD_TERMS, add, cg_terms, chunks, contract_x, contract_y, dot, inactive_paths, iota, key, needed_outputs,
-    sum_of, used_positions, weight_gradient, zero_weights,
+    add, cg_terms, chunks, contract_x, contract_y, dot, iota, key, needed_outputs, sum_of, weight_gradient, zero_weights,
 )  # fmt: skip
 
 
@@ -122,21 +123,22 @@ def _blocks(arrays, refs: dict, rows) -> dict:
     return {a: Block(ref, rows, None if arrays[a].ndim == 1 else arrays[a].shape[1]) for a, ref in refs.items()}
 
 
-@functools.partial(jax.jit, static_argnames=("desc", "terms", "config"))
-def forward_sum(desc, arrays, *, terms=FORWARD_TERMS, config: Config = DEFAULT):
+@functools.partial(jax.jit, static_argnames=("desc", "sums", "config"))
+def forward_sum(desc, arrays, *, sums: Sums, config: Config):
     """:func:`.per_row.forward_sum` of a product :func:`applies` holds for (its multiply-adds
     always fused, ``Config.fused_forward`` aside: not measured apart here)."""
-    used = used_positions(terms)
-    n = arrays[terms[0][0]].shape[0]
+    used = sums.reads
+    first = sums.out[0][0]
+    n = arrays[first].shape[0]
     do = desc.dims[2]
-    dtype = arrays[terms[0][0]].dtype
+    dtype = arrays[first].dtype
     rows_per_block = config.block_forward_rows
 
     def kernel(*refs):
         *in_refs, z_ref = refs
         rows = _block_rows(n, rows_per_block)
         blocks = _blocks(arrays, dict(zip(used, in_refs)), rows)
-        triples = [(blocks[a], blocks[b], blocks[c]) for a, b, c in terms]
+        triples = [(blocks[a], blocks[b], blocks[c]) for a, b, c in sums.out]
         for s in range(len(desc.out)):
             for positions, tile in _forward_segment(desc, s, triples, rows_per_block, dtype):
                 _store_tile(z_ref, rows, do, positions, tile)
@@ -179,15 +181,15 @@ def _backward_path(desc, p, gz: Block, pairs, gx: dict, gy: dict, store_gw):
             gy[int(y1[j])] = dot([(value, h[bw][k])], start=gy.get(int(y1[j])))
 
 
-@functools.partial(jax.jit, static_argnames=("desc", "terms", "shared_weights", "config"))
-def backward_sum(desc, g, arrays, *, terms, shared_weights: bool, config: Config = DEFAULT):
+@functools.partial(jax.jit, static_argnames=("desc", "sums", "config"))
+def backward_sum(desc, g, arrays, *, sums: Sums, config: Config):
     """:func:`.per_row.backward_sum` of a product :func:`applies` holds for."""
     n = g.shape[0]
     d1, d2, do = desc.dims
     nw = desc.weight_numel
     dtype = g.dtype
-    used = used_positions(pair for pairs in terms for pair in pairs)
-    needs = tuple(bool(pairs) for pairs in terms)
+    used = sums.reads
+    needs = sums.needs
     shapes, unpack = needed_outputs(needs, [jax.ShapeDtypeStruct((n * d,), dtype) for d in (d1, d2, nw)])
 
     rows_per_block = block_backward_rows(dtype, config)
@@ -197,7 +199,7 @@ def backward_sum(desc, g, arrays, *, terms, shared_weights: bool, config: Config
         gx_ref, gy_ref, gw_ref = unpack(out_refs)
         rows = _block_rows(n, rows_per_block)
         blocks = _blocks(arrays, dict(zip(used, in_refs)), rows)
-        pairs = [[(blocks[a], blocks[b]) for a, b in pairs] for pairs in terms]
+        pairs = [[(blocks[a], blocks[b]) for a, b in pairs] for pairs in sums.pairs]
         store_gw = None if gw_ref is None else functools.partial(_store_tile, gw_ref, rows, nw)
         gx, gy = {}, {}
         for p in desc.active_paths:
@@ -205,11 +207,11 @@ def backward_sum(desc, g, arrays, *, terms, shared_weights: bool, config: Config
             # (one cache for all was not measured)
             _backward_path(desc, p, Block(g_ref, rows, do), pairs, gx, gy, store_gw)
         if store_gw is not None:
-            zero_weights(inactive_paths(desc), store_gw, dtype, (rows_per_block,))
-        for ref, sums, width in ((gx_ref, gx, d1), (gy_ref, gy, d2)):
+            zero_weights(desc.untouched.inactive_weights, store_gw, dtype, (rows_per_block,))
+        for ref, values, width in ((gx_ref, gx, d1), (gy_ref, gy, d2)):
             if ref is not None:
                 for q in range(width):
-                    ref[rows * width + q] = sums[q] if q in sums else jnp.zeros((rows_per_block,), dtype)
+                    ref[rows * width + q] = values[q] if q in values else jnp.zeros((rows_per_block,), dtype)
 
     gx, gy, gw = unpack(
         pallas_call(kernel, shapes, (pl.cdiv(n, rows_per_block),), config.block_backward_warps, name="jequi_tp_rows_bwd")(
@@ -217,4 +219,4 @@ def backward_sum(desc, g, arrays, *, terms, shared_weights: bool, config: Config
         )
     )
     gx, gy = (None if a is None else a.reshape(n, d) for a, d in ((gx, d1), (gy, d2)))
-    return gx, gy, weight_gradient(gw, n, nw, shared_weights)
+    return gx, gy, weight_gradient(gw, n, nw, arrays[W].ndim == 1)

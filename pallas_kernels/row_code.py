@@ -14,10 +14,11 @@ multiply and a tree of adds).
 Modes: ``uvu`` and ``uuu`` (channelwise, vectors over ``u``) and ``uvw`` and ``uuw``
 (a per-row weight matrix contracted over ``u``: 2-D ``(u, w)`` tiles reduced on chip).
 The kernels take the descriptor's :attr:`~jequi.TensorProductDescriptor.trilinear` view, in
-which every path is weighted. Each kernel computes a sum of trilinear terms (the first-order
-ops one term, the fused double backward of :mod:`jequi.autodiff` up to three per result,
-sharing every load of a row): :func:`forward_values` and :func:`backward_row` take the rows of
-each term. :mod:`.per_row`, :mod:`.conv` and :mod:`.row_blocks` build their kernels from these.
+which every path is weighted. Each kernel computes the sums of a :class:`~jequi.sums.Sums` (the
+first-order ops one term, the fused double backward of :mod:`jequi.autodiff` up to three per
+result, sharing every load of a row): :func:`forward_values` and :func:`backward_row` take the
+rows of each term. :mod:`.per_row`, :mod:`.conv` and :mod:`.row_blocks` build their kernels
+from these.
 """
 
 from __future__ import annotations
@@ -33,9 +34,6 @@ from jax.experimental import pallas as pl
 from .lowering import fma
 
 SUPPORTED_MODES = ("uvu", "uuu", "uvw", "uuw")
-# Which of ``(gx, gy, gw)`` a backward kernel computes (``needs``): a backward for a
-# derivative that cannot use all three generates no code, and no output, for the others.
-ALL = (True, True, True)
 _MAX_CHUNK = 128
 
 
@@ -316,11 +314,6 @@ class _Grads:
                 store(idx, self._value(idx, dtype))
 
 
-def inactive_paths(desc) -> list:
-    """Weighted paths that touch no data (a zero multiplicity): their gradient is zero."""
-    return [p for p in desc.paths if p.weight_numel and p not in desc.active_paths]
-
-
 def zero_weights(paths, store_gw, dtype, lead=()):
     """Store zero ``gw`` for `paths` (vectors of their weight chunks, with leading shape `lead`)."""
     for p in paths:
@@ -329,11 +322,12 @@ def zero_weights(paths, store_gw, dtype, lead=()):
 
 
 class Pairs(NamedTuple):
-    """What a backward row sums, as pairs of input rows (:class:`Row`): ``gx`` is the sum of
-    ``B_x(y, w)`` over its ``(y, w)`` pairs, ``gy`` of ``B_y(x, w)`` over ``(x, w)``, ``gw`` of
-    ``B_w(x, y)`` over ``(x, y)``, all against the output cotangent ``g``. The first-order
-    backward has one pair per gradient it needs, the double backward's ``d x, d y, d w`` two
-    each (:mod:`jequi.autodiff`); an empty tuple: that gradient is not computed."""
+    """What a backward row sums, as pairs of input rows (:class:`Row`; the pairs of a
+    :class:`~jequi.sums.Sums`, :func:`pairs_of`): ``gx`` is the sum of ``B_x(y, w)`` over its
+    ``(y, w)`` pairs, ``gy`` of ``B_y(x, w)`` over ``(x, w)``, ``gw`` of ``B_w(x, y)`` over
+    ``(x, y)``, all against the output cotangent ``g``. The first-order backward has one pair
+    per gradient it needs, the double backward's ``d x, d y, d w`` two each
+    (:mod:`jequi.autodiff`); an empty tuple: that gradient is not computed."""
 
     gx: tuple = ()
     gy: tuple = ()
@@ -484,25 +478,17 @@ def rows_loop(n_rows: int, rows_per_program: int, body, axis: int = 0):
 
 
 
-# The kernels compute sums of trilinear terms (:mod:`jequi.autodiff`): a term names its
-# operands by position in the kernel's ``arrays``; an array with one dimension is shared by
-# every row (shared weights). The first-order ops, with arrays ``(x, y, w)``:
-FORWARD_TERMS = ((0, 1, 2),)
+# The kernels compute the sums of a :class:`~jequi.sums.Sums`, whose terms name their operands
+# by position in the kernel's ``arrays`` (a kernel gets refs for ``Sums.reads`` only); an array
+# with one dimension is shared by every row (shared weights).
+def pairs_of(sums, rows: dict) -> Pairs:
+    """The :class:`Pairs` of rows (position -> row) of the backward-like sums of `sums`."""
+    return Pairs(*(tuple((rows[i], rows[j]) for i, j in pairs) for pairs in sums.pairs))
 
 
-def backward_terms(needs=ALL) -> tuple:
-    """The first-order backward's pairs (arrays ``(x, y, w)``) for the gradients in `needs`."""
-    return tuple(pair if need else () for pair, need in zip((((1, 2),), ((0, 2),), ((0, 1),)), needs))
-
-
-def pairs_of(terms, rows: dict) -> Pairs:
-    """The :class:`Pairs` of rows for backward `terms` (pairs of array positions per gradient)."""
-    return Pairs(*(tuple((rows[i], rows[j]) for i, j in pairs) for pairs in terms))
-
-
-def used_positions(terms) -> list[int]:
-    """The array positions some term reads (the kernel gets refs for these only)."""
-    return sorted({a for term in terms for a in term})
+def triples_of(sums, rows: dict) -> list:
+    """The triples of rows (position -> row) of the forward-like sum of `sums`."""
+    return [(rows[i], rows[j], rows[k]) for i, j, k in sums.out]
 
 
 def row_refs(arrays, refs: dict, b) -> dict:

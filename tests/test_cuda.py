@@ -16,7 +16,7 @@ from conftest import assert_close, check_batched, random_inputs
 import jequi
 from ffi import build, build_search, codegen, ctext, launch, ops, schedule
 from ffi.config import DEFAULT
-from jequi.autodiff import GGW, GGX, GGY, GZ, W, X, Y, SecondOrder
+from jequi.sums import BACKWARD, FORWARD, GGW, GGX, GGY, GZ, W, X, Y, Sums
 
 ON_GPU = "cuda" in jequi.available_backends()
 gpu = pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU and nvcc (the cuda backend)")
@@ -225,13 +225,13 @@ def test_unsupported_modes_are_reported():
     tp = jequi.fully_connected("2x0e", "0e", "2x0e")
     assert "uvw" in ops.unsupported_reason(tp.descriptor.trilinear)
     with pytest.raises(ValueError, match="cuda backend runs"):
-        jequi.backends.cuda.check(tp.descriptor.trilinear)
+        jequi.backends.BACKENDS["cuda"].check(tp.descriptor.trilinear)
     assert ops.unsupported_reason(PROBLEMS["uvu"]().descriptor.trilinear) is None
 
 
 # the fused double backward's sums: every term at once, and the double backward of gpu_benchmark.py
-SECOND = schedule.Sums(((GGX, Y, W), (X, GGY, W), (X, Y, GGW)), ((GGY, W), (Y, GGW)), ((GGX, W), (X, GGW)), ((GGX, Y), (X, GGY)))
-SECOND_BENCH = schedule.Sums((), ((GGY, W),), ((GGX, W),), ((GGX, Y), (X, GGY)))
+SECOND = Sums(((GGX, Y, W), (X, GGY, W), (X, Y, GGW)), ((GGY, W), (Y, GGW)), ((GGX, W), (X, GGW)), ((GGX, Y), (X, GGY)))
+SECOND_BENCH = Sums((), ((GGY, W),), ((GGX, W),), ((GGX, Y), (X, GGY)))
 COMPILE_CASES = [
     ("uvu", np.float32, "conv_forward", (True, True, True), False),
     ("uvu", np.float64, "conv_backward", (True, True, True), False),
@@ -274,10 +274,10 @@ COMPILE_PROBLEMS = {
 def test_generated_kernels_compile(name, dtype, kind, needs, shared, tmp_path, monkeypatch):
     """nvcc compiles the generated source for sm_90 (it needs no GPU), and the kernel the
     backend keeps does not spill registers. `needs`: a backward's gradients, or the
-    :class:`~ffi.schedule.Sums` of a fused double backward's kernel."""
+    :class:`~jequi.sums.Sums` of a fused double backward's kernel."""
     monkeypatch.setattr(build, "CACHE_DIR", tmp_path)
     monkeypatch.setattr(ops, "generated", {})
-    sums = needs if isinstance(needs, schedule.Sums) else schedule.Sums.gradients(needs) if kind.endswith("backward") else schedule.Sums()
+    sums = needs if isinstance(needs, Sums) else Sums.gradients(needs) if kind.endswith("backward") else FORWARD
     kernel = ops.kernel(COMPILE_PROBLEMS[name]().descriptor.trilinear, dtype, kind, sums, shared)
     path = build.cubin(kernel.source, "sm_90")
     assert path.read_bytes()[:4] == b"\x7fELF"
@@ -372,7 +372,8 @@ def small_code_budget(monkeypatch):
     holds only the kernels built here."""
     small = dataclasses.replace(DEFAULT, code_bytes=16 * 1024, batched_code_bytes=16 * 1024)
     monkeypatch.setattr(ops, "generated", {})
-    return {b: jequi.backends.register(jequi.backends.configured(b, small)) for b in ("cuda", "cuda-atomic")}
+    atomic = dataclasses.replace(small, atomic_conv_backward=True)
+    return {b: jequi.backends.register(jequi.backends.configured("cuda", c)) for b, c in (("cuda", small), ("cuda-atomic", atomic))}
 
 
 @gpu
@@ -437,7 +438,7 @@ def test_conv_kernels_take_the_widest_blocks_whose_code_fits(monkeypatch):
     for dtype in DTYPES:
         for kind in ("conv_forward", "conv_backward"):  # the atomic backward is built alike
             k = ops.kernel(desc, dtype, kind, config=config)
-            sums = schedule.Sums().of_kind(kind != "conv_forward")
+            sums = FORWARD if kind == "conv_forward" else BACKWARD
             builds = {w: build_search._uncapped_enough(desc, np.dtype(dtype), kind, sums, False, dataclasses.replace(config, block_warps=w))
                       for w in (config.block_warps, *build_search.BLOCK_WARPS)}  # fmt: skip
             width = next(w for w, b in builds.items() if build_search.code_fits(b, budget))
@@ -458,7 +459,7 @@ def test_batched_backward_kernels_go_group_major_then_narrower():
     and so does the double backward's forward sum; the forward of one product is built as
     configured whatever its code, and no batched kind reads the conv's ``code_bytes``."""
     desc = PROBLEMS["vec-ir_mul"]().descriptor.trilinear
-    sums = schedule.Sums().of_kind(True)
+    sums = BACKWARD
     base = DEFAULT
 
     def kept(config):
@@ -484,9 +485,9 @@ def test_batched_backward_kernels_go_group_major_then_narrower():
         tiny = dataclasses.replace(base, batched_code_bytes=1024)
         ops.clear()
         forward = ops.kernel(desc, np.float32, "tp_forward", config=tiny)
-        assert forward.source == build_search._uncapped_enough(desc, np.dtype(np.float32), "tp_forward", schedule.Sums(), False, tiny).source
+        assert forward.source == build_search._uncapped_enough(desc, np.dtype(np.float32), "tp_forward", FORWARD, False, tiny).source
         assert not build_search.code_fits(forward, tiny.batched_code_bytes)
-        dgz = ops.kernel(desc, np.float32, "tp_forward", schedule.Sums(SecondOrder.of((True,) * 4, (True,) * 3).dgz), config=tiny)
+        dgz = ops.kernel(desc, np.float32, "tp_forward", Sums.of((True,) * 4, (True,) * 3).of_kind(backward=False), config=tiny)
         assert dgz.group_major and dgz.groups > 1
         fused = ops.kernel(desc, np.float32, "tp_second", SECOND, config=tiny)
         assert fused.group_major and fused.groups > 1
@@ -498,7 +499,7 @@ def test_unstaged_float32_forward_sums_take_their_own_registers():
     """``Config.unstaged_float32_forward_sum_registers`` shapes the programs of a float32
     ``ir_mul`` forward sum (the double backward's ``dgz``) and nothing else: not the forward of
     one product, not a staged (``mul_ir``) sum, not float64."""
-    dgz = schedule.Sums(SecondOrder.of((True,) * 4, (True,) * 3).dgz)
+    dgz = Sums.of((True,) * 4, (True,) * 3).of_kind(backward=False)
     few, many = (dataclasses.replace(DEFAULT, unstaged_float32_forward_sum_registers=r) for r in (64, 192))
 
     def kernel(layout, dtype, sums, config):
@@ -506,7 +507,7 @@ def test_unstaged_float32_forward_sums_take_their_own_registers():
         return codegen.generate(desc, np.dtype(dtype), "tp_forward", sums, False, config)
 
     assert len(kernel("ir_mul", np.float32, dgz, few).programs) > len(kernel("ir_mul", np.float32, dgz, many).programs)
-    for layout, dtype, sums in (("ir_mul", np.float32, schedule.Sums()), ("mul_ir", np.float32, dgz), ("ir_mul", np.float64, dgz)):
+    for layout, dtype, sums in (("ir_mul", np.float32, FORWARD), ("mul_ir", np.float32, dgz), ("ir_mul", np.float64, dgz)):
         assert kernel(layout, dtype, sums, few).source == kernel(layout, dtype, sums, many).source
 
 
@@ -548,7 +549,7 @@ def test_second_order_sums_name_their_operands():
     assert "build_a0(warp, ggy + (long long)e * D2, Bs + lane * NA)" in forward.source
     backward = codegen.generate(desc, np.float32, "tp_backward", SECOND_BENCH)
     assert backward.arrays == (X, Y, W, GZ, GGX, GGY) and "const T* __restrict__ ggw" not in backward.source
-    gy_only = codegen.generate(desc, np.float32, "tp_backward", schedule.Sums.gradients((False, True, False)))
+    gy_only = codegen.generate(desc, np.float32, "tp_backward", Sums.gradients((False, True, False)))
     assert "build_a" not in gy_only.source.split("jequi_tp_backward")[1]
 
 
@@ -561,9 +562,9 @@ def test_tp_second_runs_where_the_outputs_follow_x(monkeypatch):
     outputs do not follow ``x``."""
     desc, merged = (PROBLEMS[n]().descriptor.trilinear for n in ("vec-ir_mul", "merged"))
     assert schedule.outputs_follow_x(desc) and not schedule.outputs_follow_x(merged)
-    fuses = lambda d, triples=SECOND.out, pairs=SECOND.pairs: ops.fuses_second(d, np.float32, triples, pairs)  # noqa: E731
+    fuses = lambda d, sums=SECOND: ops.fuses_second(d, np.float32, sums)  # noqa: E731
     assert fuses(desc) and not fuses(merged)
-    assert not fuses(desc, ()) and not fuses(desc, SECOND.out, ((), (), ()))
+    assert not fuses(desc, SECOND.of_kind(backward=True)) and not fuses(desc, SECOND.of_kind(backward=False))
     monkeypatch.setattr(ops, "FUSED_SPILL_BYTES", -1)  # no kernel spills fewer bytes
     assert not fuses(desc)
     with pytest.raises(ValueError, match="one x segment"):
@@ -671,35 +672,37 @@ def test_untouched_results_start_at_zero():
     """Where no term reaches an input or output segment, the kernels do not write it: its
     result (``gx``, the output) is zeroed before the kernel runs, and only then."""
     unreached = PROBLEMS["unreached"]().descriptor.trilinear
-    assert ops.untouched(unreached) == (True, False, True)
+    assert unreached.untouched[:3] == (True, False, True)
     assert ops._zeroed(unreached, (True, True, True)) == (0,) and ops._zeroed(unreached, (False, True, True)) == ()
     full = PROBLEMS["uvu"]().descriptor.trilinear
-    assert ops.untouched(full) == (False, False, False) and ops._zeroed(full, (True, True, True)) == ()
+    assert full.untouched[:3] == (False, False, False) and ops._zeroed(full, (True, True, True)) == ()
     silent = jequi.TensorProduct("2x0e+2x1o", "0e", "2x0e+2x1o", [(0, 0, 0, "uvu", True), (1, 0, 1, "uvu", True, 0.0)])
-    assert ops.untouched(silent.descriptor.trilinear) == (True, True, True)  # the path of weight zero reaches nothing
+    assert silent.descriptor.trilinear.untouched[:3] == (True, True, True)  # the path of weight zero reaches nothing
     assert ops._zeroed(silent.descriptor.trilinear, (False, True, True)) == (1,)
     # a path whose coefficients all fall below the kernels' zero has no terms (and no literal)
     tiny = jequi.TensorProduct("2x0e+2x1o", "0e", "2x0e+2x1o", [(0, 0, 0, "uvu", True), (1, 0, 1, "uvu", True, 1e-40)])
-    assert ops.untouched(tiny.descriptor.trilinear) == (True, True, True)
+    assert tiny.descriptor.trilinear.untouched[:3] == (True, True, True)
     assert "None" not in codegen.generate(tiny.descriptor.trilinear, np.float32, "tp_backward").source
     alone = jequi.TensorProduct("2x1o", "0e", "2x1o", [(0, 0, 0, "uvu", True, 1e-40)])
     assert ops.unsupported_reason(alone.descriptor.trilinear) == "no path of the product has a nonzero coefficient"
 
 
 def test_every_op_zeroes_the_untouched_results(monkeypatch):
-    """Each op hands the results :func:`ffi.ops.untouched` finds to the launcher's zero mask,
-    numbered among the results it computes (kernels generated, not compiled: launches captured)."""
+    """Each op hands the results :attr:`~jequi.TensorProductDescriptor.untouched` names to the
+    launcher's zero mask, numbered among the results it computes (kernels generated, not
+    compiled: launches captured)."""
     launches = []
 
     def captured(k, args, outs, grid_x, unit, scalars, zero=()):
         launches.append(zero)
         return [jnp.zeros(o.shape, o.dtype) for o in outs] if isinstance(outs, list) else jnp.zeros(outs.shape, outs.dtype)
 
-    monkeypatch.setattr(ops, "kernel", lambda desc, dtype, kind, sums=schedule.Sums(), shared=False, config=DEFAULT: codegen.generate(
+    monkeypatch.setattr(ops, "kernel", lambda desc, dtype, kind, sums=launch.FIRST_ORDER, shared=False, config=DEFAULT: codegen.generate(
         desc, dtype, kind, launch.computed(kind, sums), shared, config))  # fmt: skip
     monkeypatch.setattr(build, "call", captured)
     silent = jequi.TensorProduct("2x0e+2x1o", "0e", "2x0e+2x1o", [(0, 0, 0, "uvu", True), (1, 0, 1, "uvu", True, 0.0)])
     graph = jequi.Graph.build(np.array([0, 1, 2]), np.array([1, 2, 0]), 3)
+    atomic = dataclasses.replace(DEFAULT, atomic_conv_backward=True)
     # the zero masks of: forward; backward; backward without gx; conv forward (the output, then
     # the extras of rows in parts); conv backward (gx, its extras, gy, gw); atomic conv backward
     # (which zeroes gx to add into it); the same without gx; tp_second (gx, gy, gw, then the
@@ -719,9 +722,9 @@ def test_every_op_zeroes_the_untouched_results(monkeypatch):
         ops.backward(desc, x, y, w, gz, needs=(False, True, True))
         ops.conv_forward(desc, x, y, w, graph)
         ops.conv_backward(desc, x, y, w, gz, graph)
-        ops.conv_backward(desc, x, y, w, gz, graph, atomic=True)
-        ops.conv_backward(desc, x, y, w, gz, graph, needs=(False, True, True), atomic=True)
-        ops.second_sum(desc, (x, y, w, gz, x, y, w), SECOND.out, SECOND.pairs)
+        ops.conv_backward(desc, x, y, w, gz, graph, config=atomic)
+        ops.conv_backward(desc, x, y, w, gz, graph, needs=(False, True, True), config=atomic)
+        ops.second_sum(desc, (x, y, w, gz, x, y, w), SECOND)
         assert launches == expected, (tp, launches)
 
 

@@ -12,8 +12,8 @@ from conftest import assert_close, e3nn_tp, random_inputs
 
 import jequi
 from jequi import backends
-from jequi.autodiff import GGW, GGY, W, X, Y, SecondOrder
 from jequi.backends import xla
+from jequi.sums import GGW, GGY, W, X, Y, Sums
 
 # the cuda backends run on a GPU only (tests/test_cuda.py covers them further)
 ON_CUDA = pytest.mark.skipif("cuda" not in jequi.available_backends(), reason="needs a CUDA GPU and nvcc")
@@ -193,7 +193,7 @@ def test_backward_calls_compute_only_needed_gradients(backend, monkeypatch):
         assert sorted(calls[1:]) == [(True, False, False), (True, False, True)]
     else:
         assert calls[1:] == []
-        assert seconds == [SecondOrder(dx=((GGY, W), (Y, GGW)), dw=((X, GGY),))]
+        assert seconds == [Sums(dx=((GGY, W), (Y, GGW)), dw=((X, GGY),))]
 
 
 # the pruning is the same primitive for every backend: Pallas' interpret mode (minutes here) is

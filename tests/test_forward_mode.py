@@ -14,8 +14,8 @@ from conftest import assert_close, random_inputs
 
 import jequi
 from jequi import autodiff, backends
-from jequi.autodiff import GGW, GGX, GGY, W, X, Y, SecondOrder
 from jequi.backends import xla
+from jequi.sums import GGW, GGX, GGY, W, X, Y, Sums
 
 ON_CUDA = pytest.mark.skipif("cuda" not in jequi.available_backends(), reason="needs a CUDA GPU and nvcc")
 BACKENDS = ["xla", "pallas", pytest.param("cuda", marks=ON_CUDA)]
@@ -212,15 +212,15 @@ def test_a_tangent_of_three_products_runs_as_one_fused_forward_sum(monkeypatch):
     tx, ty, tw = _tangents((x, y, w))
     try:
         jax.jit(lambda *p: jax.jvp(functools.partial(tp, backend="xla"), p[:3], p[3:]))(x, y, w, tx, ty, tw)
-        assert calls == [("forward", None), ("second", SecondOrder(dgz=((GGX, Y, W), (X, GGY, W), (X, Y, GGW))))]
+        assert calls == [("forward", None), ("second", Sums(out=((GGX, Y, W), (X, GGY, W), (X, Y, GGW))))]
         calls.clear()
         g = np.ones((3, tp.irreps_out.dim))
         grad = jax.grad(lambda x, y, w: jnp.vdot(jnp.sin(tp(x, y, w, backend="xla")), g), argnums=(0, 1, 2))
         jax.jit(lambda *p: jax.jvp(grad, p[:3], p[3:]))(x, y, w, tx, ty, tw)
         seconds = [c[1] for c in calls if c[0] == "second"]
         assert seconds == [
-            SecondOrder(dgz=((GGX, Y, W), (X, GGY, W), (X, Y, GGW))),  # the tangent of z, for sin's
-            SecondOrder(dx=((GGY, W), (Y, GGW)), dy=((GGX, W), (X, GGW)), dw=((GGX, Y), (X, GGY))),
+            Sums(out=((GGX, Y, W), (X, GGY, W), (X, Y, GGW))),  # the tangent of z, for sin's
+            Sums(dx=((GGY, W), (Y, GGW)), dy=((GGX, W), (X, GGW)), dw=((GGX, Y), (X, GGY))),
         ], calls
         assert ("backward", (True, True, True)) in calls
     finally:
@@ -236,7 +236,7 @@ def test_xla_second_sums_a_partial_spec_term_by_term():
     w = np.concatenate([w, np.ones((4, desc.weight_numel - w.shape[1]))], axis=1)
     rng = np.random.default_rng(1)
     gz, ggx, ggy, ggw = (rng.normal(size=s) for s in ((4, desc.dims[2]), x.shape, y.shape, w.shape))
-    spec = SecondOrder(dgz=((X, GGY, W),), dx=((GGY, W),), dw=((GGX, Y),))
+    spec = Sums(out=((X, GGY, W),), dx=((GGY, W),), dw=((GGX, Y),))
     dx, dy, dw, dgz = xla.second(desc, spec, (x, y, w, gz, ggx, ggy, ggw))
     assert dy is None
     assert_close(dx, xla.backward(desc, x, ggy, w, gz, needs=(True, False, False))[0], 1e-13, "dx")

@@ -14,8 +14,8 @@ from conftest import assert_close, check_batched, pallas_backend, random_inputs
 import jequi
 import pallas_kernels
 from pallas_kernels import heuristics, row_code
-from jequi.autodiff import GZ, SecondOrder
-from jequi.backends import pallas, xla
+from jequi.backends import configured, xla
+from jequi.sums import GZ, Sums
 
 ON_GPU = jax.default_backend() == "gpu"
 BATCH = 300 if ON_GPU else 3
@@ -167,7 +167,7 @@ def _second_order_reference(f, spec, arrays):
         return jax.grad(form)(jnp.zeros_like(arrays[slot]))  # linear in that slot: any point
 
     total = lambda terms: functools.reduce(jnp.add, terms) if terms else None  # noqa: E731
-    dgz = total([f(*(arrays[i] for i in t)) for t in spec.dgz])
+    dgz = total([f(*(arrays[i] for i in t)) for t in spec.out])
     grads = [
         total([slot_grad(slot, arrays[a], arrays[b]) for a, b in pairs])
         for slot, pairs in enumerate(spec.pairs)
@@ -176,11 +176,16 @@ def _second_order_reference(f, spec, arrays):
 
 
 SPECS = {
-    "all": SecondOrder.of((True, True, True, True), (True, True, True)),
-    "force-training": SecondOrder.of((True, False, True, True), (False, True, True)),
-    "dgz-only": SecondOrder.of((False, False, False, True), (True, False, True)),
-    "dw-only": SecondOrder.of((False, False, True, False), (True, False, False)),
+    "all": Sums.of((True, True, True, True), (True, True, True)),
+    "force-training": Sums.of((True, False, True, True), (False, True, True)),
+    "dgz-only": Sums.of((False, False, False, True), (True, False, True)),
+    "dw-only": Sums.of((False, False, True, False), (True, False, False)),
 }
+
+
+def pallas(config=pallas_kernels.DEFAULT):
+    """The pallas backend with the kernels of `config` (its fused ``second`` and ``conv_second``)."""
+    return configured("pallas", config)
 
 
 # every mode with all terms, then shared weights and partial specs on a few (interpret mode is slow)
@@ -213,7 +218,7 @@ def test_dgz_in_the_backward_kernel(name, shared, spec, grouped):
     config = pallas_kernels.Config(fused_second=True, backward_groups=grouped)
     desc = PROBLEMS[name]().descriptor.trilinear
     spec_ = SPECS[spec]
-    assert pallas_kernels.fuses_second(desc, np.float64, spec_.dgz, spec_.pairs, config)
+    assert pallas_kernels.fuses_second(desc, np.float64, spec_, config=config)
     assert (len(heuristics.backward_groups(desc, np.float64, config)) > 1) == grouped
     _check_second_order(name, "tp", shared, spec, config)
 
@@ -222,18 +227,18 @@ def test_fuses_second_rule():
     """Where the batched double backward's ``dgz`` joins its backward kernel: by default where a
     row's outputs are few (the knob forces it either way), both wanted, no channel windows,
     partial rows no wider than a row of ``x, y, w``, and not on the row-block kernels."""
-    dgz, pairs = SPECS["all"].dgz, SPECS["all"].pairs
+    spec = SPECS["all"]
     uvw = PROBLEMS["uvw"]().descriptor.trilinear  # 20 outputs
     diffdock = jequi.problems.get("diffdock-l1").descriptor.trilinear  # 156 outputs
     fuses = pallas_kernels.fuses_second
-    assert fuses(uvw, np.float32, dgz, pairs) and not fuses(diffdock, np.float32, dgz, pairs)
-    assert fuses(diffdock, np.float64, dgz, pairs, pallas_kernels.Config(fused_second=True))
-    assert not fuses(uvw, np.float32, (), pairs) and not fuses(uvw, np.float32, dgz, ((), (), ()))
-    assert not fuses(PROBLEMS["uvw-rows"]().descriptor.trilinear, np.float32, dgz, pairs)
+    assert fuses(uvw, np.float32, spec) and not fuses(diffdock, np.float32, spec)
+    assert fuses(diffdock, np.float64, spec, config=pallas_kernels.Config(fused_second=True))
+    assert not fuses(uvw, np.float32, spec.of_kind(backward=True)) and not fuses(uvw, np.float32, spec.of_kind(backward=False))
+    assert not fuses(PROBLEMS["uvw-rows"]().descriptor.trilinear, np.float32, spec)
     # MACE-large: a program per x segment (3), each a partial of 9,216 outputs per row
-    assert not fuses(jequi.problems.get("mace-large").descriptor.trilinear, np.float32, dgz, pairs)
-    assert not fuses(uvw, np.float32, dgz, pairs, pallas_kernels.Config(channel_windows=2))
-    assert not fuses(uvw, np.float32, dgz, pairs, pallas_kernels.Config(fused_second=False))
+    assert not fuses(jequi.problems.get("mace-large").descriptor.trilinear, np.float32, spec)
+    assert not fuses(uvw, np.float32, spec, config=pallas_kernels.Config(channel_windows=2))
+    assert not fuses(uvw, np.float32, spec, config=pallas_kernels.Config(fused_second=False))
 
 
 def _check_second_order(name, op, shared, spec, config=pallas_kernels.DEFAULT):
@@ -250,7 +255,7 @@ def _check_second_order(name, op, shared, spec, config=pallas_kernels.DEFAULT):
     if op == "tp":
         gz = rng.normal(size=(rows, desc.dims[2]))
         f = functools.partial(xla.forward, desc)
-        fused = lambda a: pallas.second(desc, spec, a, config=config)  # noqa: E731
+        fused = lambda a: pallas(config).second(desc, spec, a)  # noqa: E731
     else:
         s, r = rng.integers(0, n, e), rng.integers(0, n, e)
         s[-1], r[-2] = n + 5, -1  # dropped edges: no contribution, zero dy and dw
@@ -260,7 +265,7 @@ def _check_second_order(name, op, shared, spec, config=pallas_kernels.DEFAULT):
         f = lambda x, y, w: jax.ops.segment_sum(  # noqa: E731
             jnp.where(keep[:, None], xla.forward(desc, x[np.where(keep, s, 0)], y, w), 0), np.where(keep, r, 0), num_segments=n
         )
-        fused = lambda a: pallas.conv_second(desc, spec, a, graph, **options, config=config)  # noqa: E731
+        fused = lambda a: pallas(config).conv_second(desc, spec, a, graph, **options)  # noqa: E731
     arrays = (xs[0], ys[0], ws[0], gz, xs[1], ys[1], ws[1])
     # jitted: eager dispatch of interpret-mode kernels is several times slower
     ours = jax.jit(fused)(arrays)
@@ -283,8 +288,7 @@ def test_backward_computes_only_what_is_needed(name):
     g = rng.normal(size=(BATCH, tp.irreps_out.dim))
     n = 3
     graph = jequi.Graph.build(np.arange(BATCH) % n, (np.arange(BATCH) * 7) % n, n)
-    backward_arrays = (graph.sender_receivers, graph.sender_order, graph.sender_offsets)
-    conv = functools.partial(pallas_kernels.conv_backward, desc, x[:n], y, w, g[:n], *backward_arrays)
+    conv = functools.partial(pallas_kernels.conv_backward, desc, x[:n], y, w, g[:n], graph)
     for full, partial in [
         (pallas_kernels.backward(desc, x, y, w, g), lambda needs: pallas_kernels.backward(desc, x, y, w, g, needs)),
         (conv(), lambda needs: conv(needs=needs)),
@@ -319,8 +323,8 @@ def _split_backward_matches(name, shared, seed, knob, split, whole, programs):
     spec = SPECS["all"]
     config, other = (pallas_kernels.Config(**{knob: value}) for value in (split, whole))
     assert len(programs(desc, x.dtype, config)) > 1
-    got = pallas_kernels.backward(desc, x, y, w, gz, config=config), pallas.second(desc, spec, arrays, config=config)
-    expected = pallas_kernels.backward(desc, x, y, w, gz, config=other), pallas.second(desc, spec, arrays, config=other)
+    got = pallas_kernels.backward(desc, x, y, w, gz, config=config), pallas(config).second(desc, spec, arrays)
+    expected = pallas_kernels.backward(desc, x, y, w, gz, config=other), pallas(other).second(desc, spec, arrays)
     for ours, ref in zip(got, expected):
         for a, b in zip(ours, ref):
             assert_close(a, b, 1e-12)
@@ -373,7 +377,7 @@ def test_forward_groups(name, shared, dtype, budget):
     assert 1 < len(groups) and (budget > 0) == (len(groups) < len(desc.out))
     assert_close(pallas_kernels.forward(desc, x, y, w, config), xla.forward(desc, x, y, w), TOL[dtype])
     spec = SPECS["dgz-only"]
-    dgz = pallas.second(desc, spec, arrays, config=config)[3]
+    dgz = pallas(config).second(desc, spec, arrays)[3]
     assert_close(dgz, _second_order_reference(functools.partial(xla.forward, desc), spec, arrays)[3], TOL[dtype])
 
 
@@ -510,7 +514,7 @@ def test_row_blocks_rule():
         assert not applies(jequi.problems.get(name).descriptor.trilinear), name
     assert not applies(jequi.fully_connected("2x0e+1o", "0e+1o", "3x0e+2x1o").descriptor.trilinear)
     assert not applies(jequi.channelwise("0e+1o", "0e+1o", "0e+1o").descriptor.trilinear)
-    assert pallas_kernels.batched.kernels_for(PROBLEMS["uvw-rows"]().descriptor.trilinear) is pallas_kernels.row_blocks
+    assert pallas_kernels.ops.kernels_for(PROBLEMS["uvw-rows"]().descriptor.trilinear) is pallas_kernels.row_blocks
 
 
 @pytest.mark.parametrize("shared", [False, True])
@@ -527,7 +531,7 @@ def test_row_blocks_tail_rows(shared):
     w, ggw = rng.normal(size=(2, desc.weight_numel) if shared else (2, 7, desc.weight_numel))
     arrays = (x, y, w, gz, ggx, ggy, ggw)
     expected = _second_order_reference(functools.partial(xla.forward, desc), SPECS["all"], arrays)
-    for a, b in zip(pallas.second(desc, SPECS["all"], arrays, config=config), expected):
+    for a, b in zip(pallas(config).second(desc, SPECS["all"], arrays), expected):
         assert_close(a, b, 1e-12)
 
 

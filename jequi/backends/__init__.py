@@ -3,15 +3,19 @@
 A backend is a set of four functions taking the descriptor first:
 ``forward(desc, x, y, w)``, ``backward(desc, x, y, w, gz, needs)``,
 ``conv_forward(desc, x, y, w, graph[, kahan])`` and
-``conv_backward(desc, x, y, w, gout, graph, needs[, kahan])`` (``graph`` a :class:`jequi.Graph`;
-``kahan`` only where ``supports_kahan``). ``"cuda-atomic"`` is the cuda
-backend with a conv backward that adds ``gx`` with atomics (faster, not bitwise
-reproducible). ``needs`` (three bools, default all True) says which of ``(gx, gy, gw)`` a
-backward computes; it returns None for the others.
+``conv_backward(desc, x, y, w, gz, graph, needs[, kahan])`` (``graph`` a :class:`jequi.Graph`;
+``kahan`` only where ``supports_kahan``). ``needs`` (three bools, default all True) says which
+of ``(gx, gy, gw)`` a backward computes; it returns None for the others.
 Inputs are flat: ``x (N, in1.dim)``, ``y (N, in2.dim)``, ``w (N, weight_numel)`` or shared
 ``(weight_numel,)``, all of one floating dtype. Derivatives of every order are built from
 these by :mod:`jequi.autodiff`; a backend may add a fused double backward (``second``,
-``conv_second``) that computes the seven-op identity's sums in fewer kernel passes.
+``conv_second``) that computes the seven-op identity's sums (a :class:`jequi.sums.Sums`) in
+fewer kernel passes.
+
+``"xla"`` is pure JAX (:mod:`.xla`). The kernel packages ``pallas_kernels`` and ``ffi`` share
+one contract, and one adapter (:mod:`.kernels`) makes ``"pallas"`` and ``"cuda"`` of them with
+their default knobs; ``"cuda-atomic"`` is the cuda backend whose conv backward adds ``gx`` with
+atomics (``ffi.Config.atomic_conv_backward``: faster, not bitwise reproducible).
 
 Benchmarks and tests build other backends from these (:func:`configured`: a kernel
 package's knobs other than its defaults; :func:`mixed`: one backend's forward kernels with
@@ -21,13 +25,14 @@ another's backward ones, for A/B runs) and :func:`register` them to call them by
 from __future__ import annotations
 
 import dataclasses
-import functools
+from types import ModuleType
 from typing import Callable
 
+import ffi
 import jax
+import pallas_kernels
 
-from . import cuda, pallas, xla
-from .cuda import footprint as cuda_footprint
+from . import kernels, xla
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,11 +45,19 @@ class Backend:
     check: Callable = lambda desc: None  # raises ValueError for a descriptor it cannot run
     available: Callable[[], bool] = lambda: True
     supports_kahan: bool = False
-    # Fused sums of a jequi.autodiff.SecondOrder (the double backward, a forward-mode tangent),
-    # or None: composed from forward/backward calls (jequi.autodiff.composed_second). ``second(desc, spec, arrays)``, ``conv_second(desc, spec,
-    # arrays, graph[, kahan])``.
+    # Fused sums of a jequi.sums.Sums (the double backward, a forward-mode tangent), or None:
+    # composed from forward/backward calls (jequi.autodiff.composed_second).
+    # ``second(desc, sums, arrays)``, ``conv_second(desc, sums, arrays, graph[, kahan])``.
     second: Callable | None = None
     conv_second: Callable | None = None
+    # The kernel package (pallas_kernels or ffi) and its knobs the functions run, or None
+    # (xla, a mixed backend): what configured() builds another config of.
+    package: ModuleType | None = None
+    config: object = None
+
+
+def _kernel_backend(name: str, package, config, supports_kahan: bool = False) -> Backend:
+    return Backend(name, **kernels.functions(package, config), supports_kahan=supports_kahan, package=package, config=config)
 
 
 BACKENDS: dict[str, Backend] = {
@@ -52,39 +65,25 @@ BACKENDS: dict[str, Backend] = {
         "xla", xla.forward, xla.backward, xla.conv_forward, xla.conv_backward, second=xla.second, conv_second=xla.conv_second
     ),
     # On CPU the Pallas kernels run in interpret mode: available (for tests), never the default.
-    "pallas": Backend(
-        "pallas", pallas.forward, pallas.backward, pallas.conv_forward, pallas.conv_backward, pallas.check,
-        supports_kahan=True, second=pallas.second, conv_second=pallas.conv_second,
-    ),
+    "pallas": _kernel_backend("pallas", pallas_kernels, pallas_kernels.DEFAULT, supports_kahan=True),
     # GPU only (never the interpreter): CUDA kernels through the XLA FFI, channelwise products.
-    "cuda": Backend(
-        "cuda", cuda.forward, cuda.backward, cuda.conv_forward, cuda.conv_backward, cuda.check,
-        available=cuda.available, second=cuda.second, conv_second=cuda.conv_second,
-    ),
+    "cuda": _kernel_backend("cuda", ffi, ffi.DEFAULT),
+    # opt-in, since its conv's gx is not bitwise reproducible
+    "cuda-atomic": _kernel_backend("cuda-atomic", ffi, ffi.Config(atomic_conv_backward=True)),
 }
 
 
-# The cuda backend with the conv's backward kernels walking receivers and adding gx with atomics
-# (jequi.backends.cuda.conv_backward): opt-in, since its gx is not bitwise reproducible.
-BACKENDS["cuda-atomic"] = dataclasses.replace(
-    BACKENDS["cuda"], name="cuda-atomic",
-    conv_backward=functools.partial(cuda.conv_backward, atomic=True),
-    conv_second=functools.partial(cuda.conv_second, atomic=True),
-)  # fmt: skip
-
-
-_KERNEL_FUNCTIONS = ("forward", "backward", "conv_forward", "conv_backward", "second", "conv_second")
-
-
 def configured(name: str, config) -> Backend:
-    """Backend `name` (``"pallas"``, ``"cuda"`` or ``"cuda-atomic"``) with its kernels built
-    from `config` (a :class:`pallas_kernels.Config` or an :class:`ffi.Config`), named
-    ``name[config]``: what a tuning sweep times (:func:`register` it to call it by name)."""
+    """Backend `name` (``"pallas"`` or ``"cuda"``) with its kernels built from `config` (a
+    :class:`pallas_kernels.Config` or an :class:`ffi.Config`), named ``name[config]``: what a
+    tuning sweep times (:func:`register` it to call it by name). ``"cuda-atomic"`` is itself
+    configured: ``configured("cuda", ffi.Config(atomic_conv_backward=True, ...))``."""
     base = BACKENDS[name]
-    if name == "xla":
-        raise ValueError("the xla backend has no kernel config")
-    bound = {f: functools.partial(getattr(base, f), config=config) for f in _KERNEL_FUNCTIONS}
-    return dataclasses.replace(base, name=f"{name}[{config!r}]", **bound)
+    if base.package is None:
+        raise ValueError(f"the {name} backend has no kernel config")
+    if base.config != base.package.DEFAULT:
+        raise ValueError(f"backend {name!r} runs {base.config!r} already: configure the default backend of its kernels")
+    return _kernel_backend(f"{name}[{config!r}]", base.package, config, base.supports_kahan)
 
 
 def mixed(forward: str, backward: str) -> Backend:
@@ -173,7 +172,7 @@ def default_backend(desc=None, shared_weights: bool = False, conv: bool = False)
     if desc is None:
         return "pallas"
     runs = _cuda_runs(desc)
-    if conv and runs and cuda_footprint(desc) <= CUDA_FOOTPRINT and min(p.mul_in1 for p in desc.active_paths) >= CUDA_CONV_MIN_CHANNELS:
+    if conv and runs and ffi.schedule.backward_footprint(desc) <= CUDA_FOOTPRINT and min(p.mul_in1 for p in desc.active_paths) >= CUDA_CONV_MIN_CHANNELS:
         return "cuda"
     try:
         BACKENDS["pallas"].check(desc)

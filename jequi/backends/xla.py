@@ -35,8 +35,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..autodiff import SecondOrder, composed_second
+from ..autodiff import composed_second
 from ..descriptor import Path, Segment, TensorProductDescriptor
+from ..sums import Sums
 
 _HIGHEST = jax.lax.Precision.HIGHEST
 
@@ -176,40 +177,40 @@ def backward(desc: TensorProductDescriptor, x, y, w, gz, needs=(True, True, True
     return _vjp(functools.partial(forward, desc), (x, y, w), gz, needs)
 
 
-def _second(fwd, bwd, spec, arrays):
-    """``(dx, dy, dw, dgz)``: the sums of `spec` (a :class:`jequi.autodiff.SecondOrder`) over
-    ``arrays = (x, y, w, gz, ggx, ggy, ggw)``; None where a sum is empty.
+def _second(fwd, bwd, sums: Sums, arrays):
+    """``(dx, dy, dw, dgz)``: the :class:`~jequi.sums.Sums` `sums` over ``arrays = (x, y, w,
+    gz, ggx, ggy, ggw)``; None where a sum is empty.
 
-    Where `spec` is the double backward's identity for its arrays (every term of the nonzero
+    Where `sums` is the double backward's identity for its arrays (every term of the nonzero
     cotangents ``ggx, ggy, ggw`` in each wanted result), the VJP of ``bwd(x, y, w, gz, needs)
     -> (gx, gy, gw)`` against them; else (forward mode's and higher orders' partial sums) term by term
     (:func:`jequi.autodiff.composed_second`)."""
     x, y, w, gz, *cts = arrays
     nonzero = tuple(ct is not None for ct in cts)
-    wanted = (bool(spec.dx), bool(spec.dy), bool(spec.dw), bool(spec.dgz))
-    if spec == SecondOrder.of(wanted, nonzero):
+    wanted = (*sums.needs, bool(sums.out))
+    if sums == Sums.of(wanted, nonzero):
 
         def grads(x, y, w, gz):
             return [g for g in bwd(x, y, w, gz, needs=nonzero) if g is not None]
 
         return _vjp(grads, (x, y, w, gz), [ct for ct in cts if ct is not None], wanted)
 
-    return composed_second(fwd, bwd)(spec, arrays)
+    return composed_second(fwd, bwd)(sums, arrays)
 
 
-def second(desc: TensorProductDescriptor, spec, arrays):
+def second(desc: TensorProductDescriptor, sums: Sums, arrays):
     """The double backward by autodiff of :func:`backward`, instead of the identity's forward
     and backward calls (:mod:`jequi.autodiff`), which recompute the ``T`` tables and the
     conv's gathers per call: faster on CPU, or equal (docs/tuning.md#xla-second)."""
-    return _second(functools.partial(forward, desc), functools.partial(backward, desc), spec, arrays)
+    return _second(functools.partial(forward, desc), functools.partial(backward, desc), sums, arrays)
 
 
-def conv_second(desc: TensorProductDescriptor, spec, arrays, graph):
+def conv_second(desc: TensorProductDescriptor, sums: Sums, arrays, graph):
     """:func:`second` of the conv: autodiff of :func:`conv_backward`."""
     return _second(
         lambda x, y, w: conv_forward(desc, x, y, w, graph),
         lambda x, y, w, gz, needs: conv_backward(desc, x, y, w, gz, graph, needs),
-        spec,
+        sums,
         arrays,
     )
 
