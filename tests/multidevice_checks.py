@@ -190,8 +190,9 @@ def check_calculator_and_main():
 
 
 def check_chunked_conv():
-    """``radial_conv`` in edge chunks (what large structures run) inside ``shard_map``, each
-    device its own graph, against the unchunked conv on one device."""
+    """``radial_conv`` in edge chunks (what large structures run) inside ``shard_map`` as the
+    models call it (``check_vma=dist.CHECK_VMA``), each device its own graph, against the
+    unchunked conv on one device; xla and the Pallas kernels (a ``pallas_call`` inside)."""
     import jequi
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
@@ -204,14 +205,18 @@ def check_chunked_conv():
     mesh = dist.device_mesh(4)
     axis = mesh.axis_names[0]
 
-    def conv(x, y, h, s, r, k):
-        return tp.radial_conv(x[0], y[0], h[0], k, Graph.build(s[0], r[0], n), edge_chunks=3)[None]
-
     put = lambda a, spec: jax.device_put(jnp.asarray(a), NamedSharding(mesh, spec))  # noqa: E731
     args = [put(a, P(axis)) for a in (x, y, h, s, r)] + [put(kernel, P())]
-    out = np.asarray(jax.jit(jax.shard_map(conv, mesh=mesh, in_specs=(P(axis),) * 5 + (P(),), out_specs=P(axis)))(*args))
-    ref = np.stack([tp.radial_conv(x[d], y[d], h[d], kernel, Graph.build(s[d], r[d], n), edge_chunks=1) for d in range(4)])
-    return {"deviation": float(np.abs(out - ref).max() / np.abs(ref).max())}
+    ref = np.stack([tp.radial_conv(x[d], y[d], h[d], kernel, Graph.build(s[d], r[d], n), edge_chunks=1, backend="xla") for d in range(4)])
+    out = {}
+    for backend in ("xla", "pallas"):
+
+        def conv(x, y, h, s, r, k, backend=backend):
+            return tp.radial_conv(x[0], y[0], h[0], k, Graph.build(s[0], r[0], n), edge_chunks=3, backend=backend)[None]
+
+        sharded = jax.shard_map(conv, mesh=mesh, in_specs=(P(axis),) * 5 + (P(),), out_specs=P(axis), check_vma=dist.CHECK_VMA)
+        out[backend] = float(np.abs(np.asarray(jax.jit(sharded)(*args)) - ref).max() / np.abs(ref).max())
+    return out
 
 
 CHECKS = {"structures": lambda: check_structures(model_params()), "calculator": check_calculator_and_main, "training": check_training,

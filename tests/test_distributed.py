@@ -55,7 +55,7 @@ def multidevice_failures(r: dict) -> list[str]:
     check(c["compilations"] == 1, f"MD should compile once (size buckets): {c}")
     check(c["shifts"] == [1], f"on 2 devices, left and right neighbour are one device: {c}")
     k = r["chunked_conv"]
-    check(k["deviation"] < F64, f"radial_conv in edge chunks inside shard_map differs from one device: {k}")
+    check(k["xla"] < F64 and k["pallas"] < F64, f"radial_conv in edge chunks inside shard_map differs from one device: {k}")
     m = r["calculator"]["main"]
     check(m["split_line"] and m["energy"] <= 1e-4 and m["forces"] <= 1e-4, f"python -m jequi --devices 2 (4 decimals): {m}")
     return bad

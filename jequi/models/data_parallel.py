@@ -19,7 +19,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from .data import Batch, Structure, batch, structure_edges
-from .distributed import AXIS, device_mesh
+from .distributed import AXIS, CHECK_VMA, device_mesh
 from .nequip import NequIPConfig
 from .train import predict
 
@@ -95,7 +95,7 @@ def train_step(config: NequIPConfig, optimizer, mesh: Mesh | None = None, energy
     def grads(params, b):
         return sharded_loss_and_grad(params, config, b, energy_weight, force_weight)
 
-    sharded = jax.shard_map(grads, mesh=mesh, in_specs=(P(), P(AXIS)), out_specs=P())
+    sharded = jax.shard_map(grads, mesh=mesh, in_specs=(P(), P(AXIS)), out_specs=P(), check_vma=CHECK_VMA)
 
     @jax.jit
     def step(params, opt_state, b):
