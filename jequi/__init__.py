@@ -8,7 +8,9 @@
 
 Layers for Flax (linen, nnx), Haiku and Equinox: :mod:`jequi.nn`; a NequIP-style potential, its
 training and a shipped model: :mod:`jequi.models`. ``jequi.tensor_product`` is
-``e3nn_jax.tensor_product`` on jequi's kernels (docs/migration.md).
+``e3nn_jax.tensor_product`` on jequi's kernels (docs/migration.md). ``jequi.sh_tensor_product``
+(a product with spherical harmonics) and ``jequi.so2_conv`` (eSCN's SO(2) convolution) work in
+each vector's frame (EAAS, docs/so2.md).
 """
 
 from . import problems
@@ -17,9 +19,11 @@ from .atoms import edge_vectors, graph_from_atoms, radius_edges
 from .backends import available_backends, default_backend
 from .descriptor import Path, Segment, TensorProductDescriptor
 from .drop_in import tensor_product
+from .eaas import sh_tensor_product
 from .graph import Graph
 from .irreps import Irrep, Irreps
 from .products import TensorProduct, channelwise, fully_connected
+from .so2_conv import SO2Layout, path_weights_from_so2_weights, so2_conv, so2_layout, so2_path_product, so2_weights_from_path_weights
 
 __version__ = "0.1.0"
 
@@ -28,6 +32,7 @@ __all__ = [
     "Irrep",
     "Irreps",
     "Path",
+    "SO2Layout",
     "Segment",
     "TensorProduct",
     "TensorProductDescriptor",
@@ -38,7 +43,13 @@ __all__ = [
     "fully_connected",
     "graph_from_atoms",
     "neighbor_attention",
+    "path_weights_from_so2_weights",
     "problems",
     "radius_edges",
+    "sh_tensor_product",
+    "so2_conv",
+    "so2_layout",
+    "so2_path_product",
+    "so2_weights_from_path_weights",
     "tensor_product",
 ]

@@ -12,4 +12,7 @@ weight vector, a parameter initialised like e3nn-jax's: normal with ``tp.weight_
 passed at call time (e.g. per-edge weights from a radial MLP). Inputs may be
 ``e3nn_jax.IrrepsArray`` or plain arrays; ``backend`` selects the kernels like the ops do
 (default: the fastest available).
+
+Each also offers ``SO2Conv(irreps_in, irreps_out, m_max)``: :func:`jequi.so2_conv` along edge
+vectors, with internal shared weights or per-edge ``weights=`` (:class:`jequi.SO2Layout`).
 """

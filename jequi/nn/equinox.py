@@ -40,3 +40,24 @@ class Conv(_Weighted):
 
     def __call__(self, x, y, graph, weights=None):
         return self.tp.conv(x, y, self._w(weights), graph, backend=self.backend)
+
+
+class SO2Conv(eqx.Module):
+    """``jequi.so2_conv(x, vectors, w, irreps_out, m_max=m_max)`` with ``w`` the internal
+    ``weights`` or the ``weights`` argument."""
+
+    layout: object = eqx.field(static=True)  # jequi.SO2Layout
+    weights: jax.Array | None
+
+    def __init__(self, irreps_in, irreps_out, m_max: int | None = None, *, key):
+        """`key` initialises shared weights (:meth:`jequi.SO2Layout.init_weights`); ``key=None``
+        makes a layer without them, whose calls pass ``weights=``."""
+        self.layout = _common.so2_layout(irreps_in, irreps_out, m_max)
+        self.weights = None if key is None else self.layout.init_weights(key)
+
+    def __call__(self, x, vectors, weights=None):
+        if weights is None:
+            if self.weights is None:
+                raise TypeError("this layer was made with key=None (no internal weights): pass weights=")
+            weights = self.weights
+        return _common.so2_call(self.layout, x, vectors, weights)

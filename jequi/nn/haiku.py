@@ -33,3 +33,19 @@ class Conv(_Weighted):
 
     def __call__(self, x, y, graph, weights=None):
         return self.tp.conv(x, y, self._w(weights), graph, backend=self.backend)
+
+
+class SO2Conv(hk.Module):
+    """``jequi.so2_conv(x, vectors, w, irreps_out, m_max=m_max)`` with ``w`` the internal parameter
+    ``"weights"`` (shared, :meth:`jequi.SO2Layout.init_weights`) or the ``weights`` argument."""
+
+    def __init__(self, irreps_in, irreps_out, m_max: int | None = None, name: str | None = None):
+        super().__init__(name=name)
+        self.layout = _common.so2_layout(irreps_in, irreps_out, m_max)
+
+    def __call__(self, x, vectors, weights=None):
+        if weights is None:
+            weights = hk.get_parameter(
+                "weights", (self.layout.weight_numel,), init=lambda shape, dtype: self.layout.init_weights(hk.next_rng_key(), dtype)
+            )
+        return _common.so2_call(self.layout, x, vectors, weights)

@@ -33,3 +33,20 @@ class Conv(nn.Module):
         if weights is None:
             weights = self.param("weights", lambda key: _common.init_weights(tp, key))
         return tp.conv(x, y, weights, graph, backend=self.backend)
+
+
+class SO2Conv(nn.Module):
+    """``jequi.so2_conv(x, vectors, w, irreps_out, m_max=m_max)`` with ``w`` the internal parameter
+    ``"weights"`` (shared, :meth:`jequi.SO2Layout.init_weights`) or the ``weights`` argument
+    (e.g. per edge)."""
+
+    irreps_in: object
+    irreps_out: object
+    m_max: int | None = None
+
+    @nn.compact
+    def __call__(self, x, vectors, weights=None):
+        layout = _common.so2_layout(self.irreps_in, self.irreps_out, self.m_max)
+        if weights is None:
+            weights = self.param("weights", lambda key: layout.init_weights(key))
+        return _common.so2_call(layout, x, vectors, weights)

@@ -38,3 +38,24 @@ class Conv(_Weighted):
 
     def __call__(self, x, y, graph, weights=None):
         return self.tp.conv(x, y, self._w(weights), graph, backend=self.backend)
+
+
+class SO2Conv(nnx.Module):
+    """``jequi.so2_conv(x, vectors, w, irreps_out, m_max=m_max)``; internal shared weights
+    (``internal_weights=True``, needs ``rngs``) or ``weights=``."""
+
+    def __init__(self, irreps_in, irreps_out, m_max: int | None = None, *, internal_weights: bool = True, rngs: nnx.Rngs | None = None):
+        self.layout = _common.so2_layout(irreps_in, irreps_out, m_max)
+        if internal_weights:
+            if rngs is None:
+                raise TypeError("internal weights need rngs=nnx.Rngs(...)")
+            self.weights = nnx.Param(self.layout.init_weights(rngs.params()))
+        else:
+            self.weights = None
+
+    def __call__(self, x, vectors, weights=None):
+        if weights is None:
+            if self.weights is None:
+                raise TypeError("this layer has no internal weights: pass weights=")
+            weights = self.weights[...]
+        return _common.so2_call(self.layout, x, vectors, weights)
