@@ -208,7 +208,8 @@ def test_training_steps_reduce_the_loss():
     from jequi.models.data import emt_dataset
     from jequi.models.train import train
 
-    data = emt_dataset(3, seed=1)
-    _, history = train(CFG, data, steps=6, batch_size=3, learning_rate=2e-2, progress=False)
+    data = emt_dataset(3, seed=1)  # one batch: every step sees the same structures
+    config = dataclasses.replace(CFG, num_layers=1)  # half the compile time
+    _, history = train(config, data, steps=4, batch_size=3, learning_rate=2e-2, progress=False)
     assert np.all(np.isfinite(history.loss))
-    assert history.loss[-1] < 0.5 * history.loss[0], history.loss
+    assert np.all(np.diff(history.loss) < 0) and history.loss[-1] < 0.9 * history.loss[0], history.loss
