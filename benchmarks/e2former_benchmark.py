@@ -45,7 +45,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 from jequi.models import E2Former, E2FormerConfig, neighbor_list  # noqa: E402
-from jequi.models.e2former import init_params  # noqa: E402
+from jequi.models.e2former import init_params, tile_origins  # noqa: E402
 from timing import save, timed  # noqa: E402
 
 PRESETS = {
@@ -82,10 +82,11 @@ def peak_bytes():
     return stats.get("peak_bytes_in_use")
 
 
-def measure(config: E2FormerConfig, atoms, repeat: int, calls: int) -> dict:
+def measure(config: E2FormerConfig, atoms, repeat: int, calls: int, tile: float | None = None) -> dict:
     t0 = time.perf_counter()
     senders, receivers, shifts = edges(atoms, config.cutoff)
-    nb = neighbor_list(senders, receivers, len(atoms), shifts, origin=atoms.positions.mean(axis=0), growth=config.growth)
+    origin = atoms.positions.mean(axis=0) if tile is None else tile_origins(atoms.positions, tile)
+    nb = neighbor_list(senders, receivers, len(atoms), shifts, origin=origin, growth=config.growth)
     host_s = time.perf_counter() - t0
     species = jnp.asarray(config.species_index(atoms.numbers))
     positions = jnp.asarray(atoms.positions, jnp.float32)
@@ -112,7 +113,8 @@ def markdown(result: dict) -> str:
     lines = [
         f"# E2Former-style model, energy + forces steps/s on {result['device']} ({result['date']})", "",
         f"jax {result['jax']}; preset `{result['preset']}`: hidden {c['hidden']}, {c['heads']} heads, d = {c['head_dim']}, "
-        f"{c['num_layers']} layers, cutoff {c['cutoff']} Å, float32; periodic fcc Cu (a = 3.61 Å). One jitted call of "
+        f"{c['num_layers']} layers, cutoff {c['cutoff']} Å, float32; local origins: "
+        f"{'the centroid' if result.get('tile') is None else 'tiles of %g Å' % result['tile']}; periodic fcc Cu (a = 3.61 Å). One jitted call of "
         "energy and forces per step (the neighbour list is built on the host once and not timed). "
         "`python benchmarks/e2former_benchmark.py`.", "",
         "| atoms | edges | K | sources | backend | steps/s | ms/step | first call s | peak GiB | notes |",
@@ -134,6 +136,7 @@ def main(argv=None):
     ap.add_argument("--sizes", default="1000,10000,50000,100000")
     ap.add_argument("--preset", default="default", choices=sorted(PRESETS))
     ap.add_argument("--backends", default="pallas,xla", help="neighbor_attention backends, comma separated")
+    ap.add_argument("--tile", type=float, default=None, help="local origins per cubic tile of this side (Å); default: the centroid")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--calls", type=int, default=5)
     ap.add_argument("--smoke", action="store_true", help="a tiny model on 108 and 256 atoms (a CPU check)")
@@ -150,7 +153,7 @@ def main(argv=None):
     dev = jax.devices()[0]
     result = {
         "date": datetime.date.today().isoformat(), "device": dev.device_kind, "platform": dev.platform, "jax": jax.__version__,
-        "e3nn_jax": importlib.metadata.version("e3nn-jax"), "preset": a.preset, "config": dataclasses.asdict(config),
+        "e3nn_jax": importlib.metadata.version("e3nn-jax"), "preset": a.preset, "tile": a.tile, "config": dataclasses.asdict(config),
         "cells": [],
     }  # fmt: skip
     print(json.dumps({k: v for k, v in result.items() if k != "cells"}), flush=True)
@@ -165,7 +168,7 @@ def main(argv=None):
                 cell["backends"][backend] = {"error": "skipped (a smaller size failed)"}
                 continue
             try:
-                cell["backends"][backend] = measure(dataclasses.replace(config, backend=backend), atoms, a.repeat, a.calls)
+                cell["backends"][backend] = measure(dataclasses.replace(config, backend=backend), atoms, a.repeat, a.calls, a.tile)
             except Exception as e:  # noqa: BLE001 (out of memory at the largest sizes: recorded, the others go on)
                 traceback.print_exc()
                 failed.add(backend)

@@ -80,6 +80,11 @@ def test_neighbor_list_layout_ghosts_and_padding():
         neighbor_list(senders, receivers, 3, shifts, max_neighbors=3)
     with pytest.raises(ValueError, match="num_sources"):
         neighbor_list(senders, receivers, 3, shifts, num_sources=4)
+    tiles = neighbor_list(senders, receivers, 3, shifts, origin=[[0, 0, 0], [0, 0, 0], [5, 0, 0]], max_neighbors=5, num_sources=7)
+    np.testing.assert_array_equal(tiles.neighbors[0], [1, 5, 4, 4, 7])  # node 2 seen from node 0's tile: ghost 5
+    np.testing.assert_array_equal(tiles.source_node[3:6], [0, 1, 2])
+    np.testing.assert_array_equal(tiles.source_origin[5], [0, 0, 0])
+    np.testing.assert_array_equal(tiles.source_origin[3], [5, 0, 0])  # (0, -x) seen from node 2
     auto = neighbor_list(senders, receivers, 3, shifts)  # size buckets
     assert auto.neighbors.shape[1] >= 4 and auto.num_sources >= 5
 
@@ -98,22 +103,25 @@ def test_neighbor_list_has_the_radius_graph_edge_vectors():
 
 
 # --- per-source values = the per-edge computation --------------------------------------------------
-@pytest.mark.parametrize("dtype", [np.float64, np.float32])
-def test_node_values_equal_direct_edge_values(dtype):
+@pytest.mark.parametrize("dtype,tile", [(np.float64, None), (np.float64, 2.0), (np.float32, None)])
+def test_node_values_equal_direct_edge_values(dtype, tile):
     """sum_j alpha_ij EAAS(h_j, r_ij) from per-source values and the target-side term, against
-    EAAS of every edge's own vector (periodic images included)."""
+    EAAS of every edge's own vector (periodic images included); local origin at the centroid or
+    at the centres of 2 Å tiles (more ghosts)."""
     atoms = cu8()
-    nb = neighbors(atoms)
+    atoms.positions += 50.0  # far from 0: the local origin matters in float32
+    nb = neighbors(atoms, tile=tile)
+    if tile is not None:
+        assert len(np.unique(np.asarray(nb.origin), axis=0)) > 1
     rng = np.random.default_rng(0)
     n, heads = len(atoms), 2
     irreps = e3nn.Irreps("4x0e+2x1o+2x2e")
     h = e3nn.IrrepsArray(irreps, jnp.asarray(rng.normal(size=(n, irreps.dim)), dtype))
     q, k = (jnp.asarray(rng.normal(size=(n, heads, 4)), dtype) for _ in range(2))
     bias, env, post = (jnp.asarray(rng.uniform(0.2, 1.0, size=(n, K, heads)), dtype) for _ in range(3))
-    cell, pos = atoms.cell.array, atoms.positions + 50.0  # far from 0: the local origin matters in float32
-    origin = pos.mean(axis=0)
-    p_src = (pos[np.asarray(nb.source_node)] + np.asarray(nb.source_shift) @ cell - origin) / CFG.cutoff
-    p_dst = (pos - origin) / CFG.cutoff
+    cell, pos = atoms.cell.array, atoms.positions
+    p_src = (pos[np.asarray(nb.source_node)] + np.asarray(nb.source_shift) @ cell - np.asarray(nb.source_origin)) / CFG.cutoff
+    p_dst = (pos - np.asarray(nb.origin)) / CFG.cutoff
     filter_irs = tuple(ir for _, ir in irreps)
     args = (q, k, h, nb.source_node, jnp.asarray(p_src, dtype), jnp.asarray(p_dst, dtype), nb.neighbors)
     kw = dict(heads=heads, filter_irs=filter_irs, logit_bias=bias, envelope=env, post_scale=post, backend="xla")

@@ -37,7 +37,8 @@ an approximation: the model is the per-edge model. The rounding: the two terms a
 ``|P - o| / r_c`` and their difference of size ``|r_ij| / r_c``, so float32 loses
 ``log10(|P - o| / |r_ij|)`` digits; local origins keep ``|P - o|`` at the structure's size
 (:func:`neighbor_list` takes per-node origins; :meth:`E2FormerConfig.prepare_batches` uses
-each structure's centroid). Periodic images are explicit *ghost* source nodes (a copy of the
+each structure's centroid), or at a tile's (:func:`tile_origins`: a node seen from a target of
+another tile is a ghost source carrying that tile's origin). Periodic images are explicit *ghost* source nodes (a copy of the
 node's features at ``p_j + S @ cell``), so edges across the boundary are exact too. What the
 identity does not cover, and this model does not use: harmonics of degree > 1 of
 ``r_ij`` (not linear in ``r_ij``) and direction-only harmonics ``Y(r_hat)`` (the radial factor
@@ -119,13 +120,16 @@ class Neighbors:
       (node 0, never referenced);
     * ``source_shift [N_src, 3]``: the ghost's cell shift (integer shifts times ``cell``, or
       Cartesian with ``cell = I``; as :class:`jequi.Graph`'s ``shifts``); zero for ``s < N``;
-    * ``origin [N, 3]``: each node's local origin (constant over each connected structure).
+    * ``origin [N, 3]``: each target's local origin, and ``source_origin [N_src, 3]`` each
+      source's: every edge's source has its target's origin (a node seen from targets of another
+      origin, e.g. another spatial tile, is a ghost too).
     """
 
     neighbors: jax.Array
     source_node: jax.Array
     source_shift: jax.Array
     origin: jax.Array
+    source_origin: jax.Array
 
     @property
     def num_nodes(self) -> int:
@@ -136,13 +140,29 @@ class Neighbors:
         return self.source_node.shape[0]
 
 
-def neighbor_sizes(senders, receivers, num_nodes: int, shifts=None) -> tuple[int, int]:
+def neighbor_sizes(senders, receivers, num_nodes: int, shifts=None, origin=None) -> tuple[int, int]:
     """``(max degree, sources needed)`` of an edge list (the minimum ``K`` and ``N_src`` of
     :func:`neighbor_list`; take the largest over batches to give them one shape)."""
     s, r, sh = _valid_edges(senders, receivers, num_nodes, shifts)
     degree = int(np.bincount(r, minlength=num_nodes).max(initial=0))
-    ghosts = np.any(sh != 0, axis=1)
-    return degree, num_nodes + len(np.unique(np.column_stack([s[ghosts], sh[ghosts]]), axis=0))
+    return degree, num_nodes + len(_ghosts(s, r, sh, _origins(origin, num_nodes))[0])
+
+
+def _origins(origin, num_nodes):
+    if origin is None:
+        return np.zeros((num_nodes, 3))
+    return np.array(np.broadcast_to(np.asarray(origin, np.float64), (num_nodes, 3)))
+
+
+def _ghosts(s, r, sh, origin):
+    """The ghost sources of the edges: unique rows ``(sender, shift, target's origin)`` of the
+    edges with a nonzero shift or an origin that differs from the sender's own; and each edge's
+    row in them (-1: the sender itself)."""
+    ghost = np.any(sh != 0, axis=1) | np.any(origin[s] != origin[r], axis=1)
+    keys, inverse = np.unique(np.column_stack([s[ghost], sh[ghost], origin[r[ghost]]]), axis=0, return_inverse=True)
+    index = np.full(len(s), -1)
+    index[ghost] = inverse.reshape(-1)
+    return keys, index
 
 
 def _valid_edges(senders, receivers, num_nodes, shifts):
@@ -164,15 +184,15 @@ def neighbor_list(
     ``K`` is ``max_neighbors``, or the max degree rounded up to a size bucket (``growth``
     apart, :func:`jequi.models.bucket`), so that structures of similar size share one
     compilation; ``N_src`` likewise from ``num_nodes`` plus the ghosts (one per distinct
-    (sender, nonzero shift)). ``origin``: ``[N, 3]`` or ``[3]`` local origins (default zeros;
-    see the module docstring: any constant is exact, positions near it keep float32 exact).
+    (sender, shift, target's origin) with a nonzero shift or an origin other than the sender's).
+    ``origin``: ``[N, 3]`` or ``[3]`` local origins (default zeros; see the module docstring: any
+    origins are exact, positions near them keep float32 accurate).
     ValueError if ``max_neighbors`` or ``num_sources`` is too small.
     """
     s, r, sh = _valid_edges(senders, receivers, num_nodes, shifts)
-    ghost = np.any(sh != 0, axis=1)
-    keys, inverse = np.unique(np.column_stack([s[ghost], sh[ghost]]), axis=0, return_inverse=True)
-    source = s.copy()
-    source[ghost] = num_nodes + inverse.reshape(-1)
+    origin = _origins(origin, num_nodes)
+    keys, index = _ghosts(s, r, sh, origin)
+    source = np.where(index >= 0, num_nodes + index, s)
     needed = num_nodes + len(keys)
     if num_sources is None:
         num_sources = bucket(needed, minimum=16, growth=growth)
@@ -191,9 +211,17 @@ def neighbor_list(
     nbr[r[order], rank] = source[order]
     pad = num_sources - needed
     source_node = np.concatenate([np.arange(num_nodes), keys[:, 0].astype(np.int64), np.zeros(pad, np.int64)]).astype(np.int32)
-    source_shift = np.concatenate([np.zeros((num_nodes, 3)), keys[:, 1:].reshape(-1, 3), np.zeros((pad, 3))])
-    origin = np.zeros((num_nodes, 3)) if origin is None else np.broadcast_to(np.asarray(origin, np.float64), (num_nodes, 3))
-    return Neighbors(jnp.asarray(nbr), jnp.asarray(source_node), jnp.asarray(source_shift), jnp.asarray(origin))
+    source_shift = np.concatenate([np.zeros((num_nodes, 3)), keys[:, 1:4].reshape(-1, 3), np.zeros((pad, 3))])
+    source_origin = np.concatenate([origin, keys[:, 4:7].reshape(-1, 3), np.zeros((pad, 3))])
+    return Neighbors(*(jnp.asarray(a) for a in (nbr, source_node, source_shift, origin, source_origin)))
+
+
+def tile_origins(positions, tile: float):
+    """Per-node origins at the centres of cubic tiles of side `tile` (Å): with them the float32
+    cancellation of the per-source values is bounded by the tile, not the structure (at the cost
+    of ghost sources for the neighbours across tile faces)."""
+    positions = np.asarray(positions, np.float64)
+    return (np.floor(positions / tile) + 0.5) * tile
 
 
 def neighbors_from_graph(graph, origin=None, **kwargs) -> Neighbors:
@@ -202,13 +230,15 @@ def neighbors_from_graph(graph, origin=None, **kwargs) -> Neighbors:
     return neighbor_list(np.asarray(graph.senders), np.asarray(graph.receivers), graph.num_nodes, shifts, origin=origin, **kwargs)
 
 
-def neighbors_from_atoms(atoms, cutoff: float, **kwargs) -> Neighbors:
+def neighbors_from_atoms(atoms, cutoff: float, tile: float | None = None, **kwargs) -> Neighbors:
     """The radius graph of ase ``atoms`` (:func:`jequi.atoms.radius_edges`, integer shifts: pass
-    ``atoms.cell`` as the model's ``cell``), local origin at the centroid of the positions."""
+    ``atoms.cell`` as the model's ``cell``), local origin at the centroid of the positions, or at
+    the centres of tiles of side `tile` (:func:`tile_origins`)."""
     from ..atoms import radius_edges
 
     senders, receivers, shifts = radius_edges(atoms, cutoff)
-    kwargs.setdefault("origin", np.asarray(atoms.positions).mean(axis=0))
+    positions = np.asarray(atoms.positions)
+    kwargs.setdefault("origin", positions.mean(axis=0) if tile is None else tile_origins(positions, tile))
     return neighbor_list(senders, receivers, len(atoms), shifts, **kwargs)
 
 
@@ -218,16 +248,19 @@ def prepare_batches(config: E2FormerConfig, batches):
     for b in batches:
         g = b.graph
         edges.append((np.asarray(g.senders), np.asarray(g.receivers), g.num_nodes, None if g.shifts is None else np.asarray(g.shifts)))
-    sizes = [neighbor_sizes(*e) for e in edges]
-    k = bucket(max(d for d, _ in sizes), minimum=8, growth=config.growth)
-    n_src = bucket(max(n for _, n in sizes), minimum=16, growth=config.growth)
-    out = []
-    for b, e in zip(batches, edges):
+    origins = []
+    for b in batches:
         node_graph, mask, pos = np.asarray(b.node_graph), np.asarray(b.node_mask), np.asarray(b.positions)
         origin = np.zeros_like(pos)
         for g in np.unique(node_graph[mask]):
             sel = node_graph == g
             origin[sel] = pos[sel].mean(axis=0)
+        origins.append(origin)
+    sizes = [neighbor_sizes(*e, origin=o) for e, o in zip(edges, origins)]
+    k = bucket(max(d for d, _ in sizes), minimum=8, growth=config.growth)
+    n_src = bucket(max(n for _, n in sizes), minimum=16, growth=config.growth)
+    out = []
+    for b, e, origin in zip(batches, edges, origins):
         nb = neighbor_list(*e, origin=origin, max_neighbors=k, num_sources=n_src)
         out.append(dataclasses.replace(b, graph=nb))
     return out
@@ -329,10 +362,9 @@ def atomic_energies(param, config: E2FormerConfig, species, positions, nb: Neigh
     shift = nb.source_shift.astype(dtype)
     if cell is not None:
         shift = shift @ jnp.asarray(cell, dtype)
-    origin = jax.lax.stop_gradient(nb.origin.astype(dtype))
     p_abs = positions[nb.source_node] + shift  # [N_src, 3]
-    p_src = (p_abs - origin[nb.source_node]) / config.cutoff
-    p_dst = (positions - origin) / config.cutoff
+    p_src = (p_abs - jax.lax.stop_gradient(nb.source_origin.astype(dtype))) / config.cutoff
+    p_dst = (positions - jax.lax.stop_gradient(nb.origin.astype(dtype))) / config.cutoff
     valid = (nb.neighbors >= 0) & (nb.neighbors < nb.num_sources)
     j = jnp.where(valid, nb.neighbors, 0)
     vectors = p_abs[j] - positions[:, None, :]  # [N, K, 3] (3 numbers per edge)
@@ -402,5 +434,5 @@ def init_params(config: E2FormerConfig, key, species, positions, neighbors: Neig
 
 __all__ = [
     "E2Former", "E2FormerConfig", "init_params", "Neighbors", "atomic_energies", "edge_attention", "equivariant_attention", "invariants",
-    "neighbor_list", "neighbor_sizes", "neighbors_from_atoms", "neighbors_from_graph", "prepare_batches",
+    "neighbor_list", "neighbor_sizes", "neighbors_from_atoms", "tile_origins", "neighbors_from_graph", "prepare_batches",
 ]  # fmt: skip
