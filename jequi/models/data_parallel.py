@@ -52,12 +52,14 @@ def sharded_batches(structures: list[Structure], config: NequIPConfig, batch_siz
     n_node = max(1, max(sum(len(structures[i].numbers) for i in part) for parts in groups for part in parts))
     n_edge = max(1, max(sum(len(edges[i][0]) for i in part) for parts in groups for part in parts))
     num_graphs = -(-batch_size // devices)
-    stacked = []
+    subs = []
     for parts in groups:
-        subs = [batch([structures[i] for i in part], config, n_node, n_edge, [edges[i] for i in part]) for part in parts]
-        subs = [_pad_structures(dataclasses.replace(b, graph=dataclasses.replace(b.graph, edges_sorted=False)), num_graphs) for b in subs]
-        stacked.append(jax.tree.map(lambda *leaves: jnp.stack(leaves), *subs))
-    return stacked
+        for part in parts:
+            b = batch([structures[i] for i in part], config, n_node, n_edge, [edges[i] for i in part])
+            subs.append(_pad_structures(dataclasses.replace(b, graph=dataclasses.replace(b.graph, edges_sorted=False)), num_graphs))
+    if hasattr(config, "prepare_batches"):  # another model's graph structure, one shape for all (E2Former: Neighbors)
+        subs = config.prepare_batches(subs)
+    return [jax.tree.map(lambda *leaves: jnp.stack(leaves), *subs[i : i + devices]) for i in range(0, len(subs), devices)]
 
 
 def _partial_errors(params, config: NequIPConfig, b: Batch, energy_weight, force_weight, num_graphs, num_atoms):

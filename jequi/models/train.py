@@ -18,9 +18,16 @@ from .data import Batch, Structure, batch, structure_edges
 from .nequip import NequIP, NequIPConfig
 
 
+def _module(config):
+    """The Flax module of `config`: :class:`NequIP`, or ``config.module()`` for another model
+    (:class:`jequi.models.E2FormerConfig`), which then also supplies ``init_params`` and
+    ``prepare_batches`` (its batches' ``graph``: the model's own neighbour structure)."""
+    return config.module() if hasattr(config, "module") else NequIP(config)
+
+
 def predict(params, config: NequIPConfig, b: Batch):
     """Per-structure energies ``(num_graphs,)`` and forces ``(n_node, 3)`` of a batch."""
-    model = NequIP(config)
+    model = _module(config)
     num_graphs = b.energy.shape[0]
 
     def total(positions):
@@ -64,6 +71,8 @@ def make_batches(structures, config, batch_size: int):
     # field): one value for all keeps them one compilation.
     if len({b.graph.edges_sorted for b in batches}) > 1:
         batches = [dataclasses.replace(b, graph=dataclasses.replace(b.graph, edges_sorted=False)) for b in batches]
+    if hasattr(config, "prepare_batches"):  # another model's graph structure (E2Former: Neighbors)
+        batches = config.prepare_batches(batches)
     return batches
 
 
@@ -143,7 +152,10 @@ def train(
     val_batches = make_batches(val_set, config, batch_size) if val_set else []
     if params is None:
         b = batches[0] if devices == 1 else jax.tree.map(lambda a: a[0], batches[0])
-        params = NequIP(config).init(jax.random.key(seed), b.species, b.positions, b.graph, b.cell)
+        if hasattr(config, "init_params"):
+            params = config.init_params(jax.random.key(seed), b.species, b.positions, b.graph, b.cell)
+        else:
+            params = NequIP(config).init(jax.random.key(seed), b.species, b.positions, b.graph, b.cell)
         shift = jnp.asarray(fit_species_shift(config, train_set), params["params"]["species_shift"].dtype)
         params = {"params": {**params["params"], "species_shift": shift}}
     optimizer = optax.inject_hyperparams(optax.adam)(learning_rate=learning_rate)
