@@ -18,10 +18,17 @@ the executable (``memory_analysis``: arguments + outputs + temporaries) and the 
 that call's; otherwise the process's running high-water mark). A cell whose footprint exceeds
 the device memory is reported as OOM without running.
 
+``--profile``: for ``fused`` and ``fused-atomic`` also each stage of forward+backward timed
+alone, jitted with its real inputs (median, blocked): the forward kernel, ``delta = <dO, out>``
+(XLA), then the deterministic backward's transposed-list build (XLA sort), source pass and
+query pass, or the atomic backward's target pass, and the whole ``kernels.backward`` (without
+``delta``; its excess over its stages is XLA glue: casts, reshapes, slices); rows with mode
+``stage``, the stage and its ratio to the forward kernel in the note.
+
 Writes ``<date>-<device>-attention.{json,md}`` into --out (and $OUT) after every cell.
 ``--smoke``: tiny sizes (CPU, Pallas in interpret mode), to check the script.
 
-    python benchmarks/attention_benchmark.py [--sizes 1024,8192,32768,100000] [--slots 20,64] [--isolate]
+    python benchmarks/attention_benchmark.py [--sizes 1024,8192,32768,100000] [--slots 20,64] [--isolate] [--profile]
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jequi  # noqa: E402
 from jequi.attention import reference  # noqa: E402
+from pallas_kernels import attention as kernels  # noqa: E402
 from timing import median_ms, save  # noqa: E402
 
 METHODS = ("fused", "fused-atomic", "gather", "three-step")
@@ -109,8 +117,62 @@ def device_limit() -> int | None:
     return stats.get("bytes_limit")
 
 
-def measure(method: str, n: int, k: int, h: int, d: int, dv: int, repeat: int) -> dict:
-    """Forward and forward+backward of one method on one cell."""
+def stage_fns(method: str, q, k, v, nbr, env, c, scale: float):
+    """``[(stage, jitted fn, args)]``: the stages of the fused forward+backward of
+    :func:`method_fn` (gradients in q, k, v), each with the real inputs it gets there."""
+    n, h, d = q.shape
+    p = kernels.Problem(h, d, v.shape[2], nbr.shape[1], (None, None, 1, None), scale, EPS)
+    edges = (None, None, env[..., None], None)
+    needs = (True, True, True, False)
+    cfg = kernels.DEFAULT
+    out, lse, amax = kernels.forward(q, k, v, nbr, edges, p=p, config=cfg)
+    delta_fn = jax.jit(lambda dout, out: jnp.sum(dout * out, axis=-1))
+    delta = delta_fn(c, out)
+    stats = (lse, amax, c, delta)
+    forward = jax.jit(lambda q, k, v, nbr, env: kernels.forward(q, k, v, nbr, (None, None, env, None), p=p, config=cfg))
+    stages = [("forward", forward, (q, k, v, nbr, env[..., None])), ("delta", delta_fn, (c, out))]
+    atomic = method == "fused-atomic"
+    if atomic:
+        targets = jax.jit(lambda q, k, v, nbr, env, *st: kernels.backward_targets(
+            q, k, v, nbr, (None, None, env, None), *st, p=p, needs=needs, atomic=True, config=cfg))  # fmt: skip
+        stages.append(("targets (atomic dk, dv)", targets, (q, k, v, nbr, env[..., None], *stats)))
+    else:
+        transpose = jax.jit(lambda nbr: kernels.transposed_neighbors(nbr, n))
+        order, offsets = transpose(nbr)
+        sources = jax.jit(lambda q, k, v, nbr, env, *st: kernels.backward_sources(
+            q, k, v, nbr, (None, None, env, None), *st, p=p, needs=needs, config=cfg))  # fmt: skip
+        coef = sources(q, k, v, nbr, env[..., None], *stats, order, offsets)[2]
+        queries = jax.jit(lambda k, nbr, coef: kernels.backward_queries(k, nbr, coef, p=p, config=cfg))
+        stages += [
+            ("transposed list", transpose, (nbr,)),
+            ("sources (dk, dv, coef)", sources, (q, k, v, nbr, env[..., None], *stats, order, offsets)),
+            ("queries (dq)", queries, (k, nbr, coef)),
+        ]  # fmt: skip
+    whole = jax.jit(lambda q, k, v, nbr, env, *st: kernels.backward(
+        q, k, v, nbr, (None, None, env, None), *st, p=p, needs=needs, atomic=atomic, config=cfg))  # fmt: skip
+    stages.append(("backward (all)", whole, (q, k, v, nbr, env[..., None], *stats)))
+    return stages
+
+
+def profile(method: str, inputs, scale: float, repeat: int) -> dict:
+    """Each stage of :func:`stage_fns` timed alone: ``{stage: {ms, footprint_bytes}}``."""
+    result = {}
+    for stage, fn, args in stage_fns(method, *inputs, scale):
+        entry = {}
+        try:
+            compiled = fn.lower(*args).compile()
+            entry["footprint_bytes"] = memory_bytes(compiled)
+            jax.block_until_ready(compiled(*args))
+            entry["ms"] = median_ms(compiled, args, repeat=repeat, calls=3)
+        except Exception as err:  # noqa: BLE001 (recorded, as in measure)
+            entry["error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
+        result[stage] = entry
+    return result
+
+
+def measure(method: str, n: int, k: int, h: int, d: int, dv: int, repeat: int, stages: bool = False) -> dict:
+    """Forward and forward+backward of one method on one cell (with `stages`, and for the
+    fused methods, also :func:`profile`)."""
     q, kk, v, nbr, env, c = make_inputs(n, k, h, d, dv)
     edges = int(jnp.sum(reference.valid_slots(nbr, n)))
     flops = 2.0 * edges * h * (d + dv)
@@ -136,12 +198,14 @@ def measure(method: str, n: int, k: int, h: int, d: int, dv: int, repeat: int) -
         except Exception as err:  # noqa: BLE001 (an OOM at run time, a lowering failure: recorded)
             entry["error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
         result[mode] = entry
+    if stages and method in ("fused", "fused-atomic"):
+        result["stages"] = profile(method, (q, kk, v, nbr, env, c), 1.0 / math.sqrt(d), repeat)
     return result
 
 
-def isolated(method: str, cell: tuple, repeat: int) -> dict:
+def isolated(method: str, cell: tuple, repeat: int, stages: bool) -> dict:
     """:func:`measure` in a fresh process (its memory_stats peak is that call's)."""
-    cmd = [sys.executable, os.path.abspath(__file__), "--single", json.dumps([method, *cell, repeat])]
+    cmd = [sys.executable, os.path.abspath(__file__), "--single", json.dumps([method, *cell, repeat, stages])]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if not lines:
@@ -177,6 +241,17 @@ def markdown(result: dict) -> str:
                     f"{_gib(e.get('footprint_bytes'))} | {_gib(e.get('peak_bytes'))} | {speedup} | "
                     f"{e.get('error', entry.get('error', ''))} |"
                 )  # fmt: skip
+        for method, entry in cell["methods"].items():
+            stages = entry.get("stages", {})
+            fwd = stages.get("forward", {}).get("ms")
+            for stage, e in stages.items():
+                ms = e.get("ms")
+                ratio = f"{stage}: {ms / fwd:.2f}x the forward kernel" if ms and fwd else stage
+                lines.append(
+                    f"| {cell['n']} | {cell['k']} | {cell['h']}, {cell['d']}, {cell['dv']} | stage | {method} | "
+                    f"{'-' if ms is None else f'{ms:.3f}'} | - | {_gib(e.get('footprint_bytes'))} | - | - | "
+                    f"{ratio}{' ' + e['error'] if 'error' in e else ''} |"
+                )  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -188,14 +263,15 @@ def main(argv=None):
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--isolate", action="store_true", help="each cell and method in a fresh process (exact peaks)")
+    ap.add_argument("--profile", action="store_true", help="also time each forward/backward stage of the fused methods")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes, one repeat (CPU check of the script)")
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
     ap.add_argument("--kind", default="attention")
     ap.add_argument("--single", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.single:
-        method, n, k, h, d, dv, repeat = json.loads(a.single)
-        print("RESULT " + json.dumps(measure(method, n, k, h, d, dv, repeat)), flush=True)
+        method, n, k, h, d, dv, repeat, stages = json.loads(a.single)
+        print("RESULT " + json.dumps(measure(method, n, k, h, d, dv, repeat, stages)), flush=True)
         return
     if a.smoke:
         a.sizes, a.slots, a.heads, a.repeat = "48", "5", "4x8x58,2x4x16", 1
@@ -206,7 +282,7 @@ def main(argv=None):
     dev = jax.devices()[0]
     result = {
         "date": datetime.date.today().isoformat(), "device": dev.device_kind, "platform": dev.platform,
-        "jax": jax.__version__, "isolate": a.isolate, "smoke": a.smoke, "cells": [],
+        "jax": jax.__version__, "isolate": a.isolate, "profile": a.profile, "smoke": a.smoke, "cells": [],
     }  # fmt: skip
     for h, d, dv in heads:
         for k in slots:
@@ -215,11 +291,13 @@ def main(argv=None):
                 for method in methods:
                     t0 = time.perf_counter()
                     if a.isolate:
-                        entry = isolated(method, (n, k, h, d, dv), a.repeat)
+                        entry = isolated(method, (n, k, h, d, dv), a.repeat, a.profile)
                     else:
-                        entry = measure(method, n, k, h, d, dv, a.repeat)
+                        entry = measure(method, n, k, h, d, dv, a.repeat, a.profile)
                     cell["methods"][method] = entry
                     summary = {m: entry.get(m, {}).get("ms", entry.get(m, {}).get("error")) for m in ("fwd", "fwd+bwd")}
+                    for stage, e in entry.get("stages", {}).items():
+                        summary[stage] = e.get("ms", e.get("error"))
                     print(f"N={n} K={k} H,d,Dv={h},{d},{dv} {method}: {summary} ({time.perf_counter() - t0:.1f} s)", flush=True)
                 result["cells"].append(cell)
                 save(result, a.kind, markdown(result), a.out)

@@ -12,18 +12,22 @@ Kernels (one program per node and block of heads, gathers inside the kernel; not
 * :func:`forward`: an online softmax over the neighbour slots in blocks (running max, sum and
   accumulator), writes ``out``, ``lse = mu + log Z`` and the slot of the (first) maximum,
   which the eps term of the derivatives needs.
-* :func:`backward`: FlashAttention-2's backward, ``P = exp(s - lse) * e`` recomputed. A pass
-  over targets computes ``dq`` and the per-edge gradients; ``dk`` and ``dv`` are sums over the
-  edges into each source, computed either by a second pass over sources that walks the
-  transposed neighbour list (a CSR built from ``nbr``; deterministic, bitwise reproducible) or,
-  with ``atomic=True``, added by the target pass with atomics (one neighbour slot per step, so
-  duplicate neighbours never collide within one atomic).
+* :func:`backward`: FlashAttention-2's backward, ``P = exp(s - lse) * e`` recomputed. ``dk``
+  and ``dv`` are sums over the edges into each source. Deterministically (bitwise
+  reproducible), a pass over sources walks the transposed neighbour list (a CSR built from
+  ``nbr``), computes ``dk``, ``dv`` and the per-edge gradients and leaves each edge's
+  ``ds g scale`` ``[N, K, H]``, from which a light pass over targets sums ``dq`` gathering only
+  keys: the values (``D_v`` wide) are gathered once. With ``atomic=True`` (or when neither
+  ``dk`` nor ``dv`` is needed) one pass over targets computes everything, adding ``dk`` and
+  ``dv`` with atomics (one neighbour slot per step, so duplicate neighbours never collide
+  within one atomic).
 * :func:`tangent`: the forward-mode derivative (a JVP) in one pass over targets.
 
 Layouts: ``q [N, H, d]``, ``k [N_src, H, d]``, ``v [N_src, H, D_v]``, ``nbr [N, K]`` int32
 (an index outside ``[0, N_src)`` is a padding slot), per-edge scalars ``[N, K, 1]`` (shared by
 the heads) or ``[N, K, H]``. ``d`` and ``D_v`` need not be powers of two: blocks are padded to
-the next power of two with masked loads, and padded outputs are sliced here. Flat indices are
+the next power of two with masked loads, and outputs are stored at their real width (masked
+stores). Flat indices are
 int32: every array must have fewer than 2**31 elements.
 """
 
@@ -49,8 +53,9 @@ class AttentionConfig:
     """Launch shape of the attention kernels (None: the rule of :func:`blocks`).
 
     * ``block_heads``: heads per program (a power of two dividing ``H``).
-    * ``block_neighbors``: neighbour slots per loop step of the forward, tangent and
-      deterministic backward target pass (the atomic target pass takes one slot a step).
+    * ``block_neighbors``: neighbour slots per loop step of the forward, tangent and backward
+      target and query passes (the atomic target pass takes one slot a step; the query pass,
+      which gathers only keys, by default as many as fit ``tile_elements``).
     * ``block_edges``: incoming edges per loop step of the backward's source pass.
     * ``tile_elements``: the rules' budget for a step's gathered value tile
       (``block_neighbors x block_heads x D_v`` padded).
@@ -120,6 +125,24 @@ def blocks(p: Problem, config: AttentionConfig = DEFAULT) -> tuple[int, int, int
 def _load(ref, idx, mask):
     """``ref[idx]`` where `mask`, 0 elsewhere (`idx` is kept in bounds by the callers)."""
     return pl_triton.load(ref.at[idx], mask=mask, other=0)
+
+
+def _store(ref, idx, value, mask):
+    """``ref[idx] = value`` where `mask`. Masked-off lanes get the index one past the end:
+    they never touch memory on the GPU, and the interpreter, which writes every lane of a
+    store, drops them instead of letting them collide with a stored lane."""
+    idx, mask = jnp.broadcast_arrays(idx, mask)
+    idx = jnp.where(mask, idx, ref.shape[0])
+    pl_triton.store(ref.at[idx], jnp.broadcast_to(value, idx.shape).astype(ref.dtype), mask=mask)
+
+
+def _store_rows(ref, row, heads, num_heads: int, width: int, padded: int, value):
+    """``ref[row, heads, :width] = value[:, :width]`` of a flat ``[rows, num_heads, width]``
+    array (`value` ``[BH, padded]``): outputs are written at their real width, so no padded
+    copy is sliced afterwards."""
+    c = jnp.arange(padded, dtype=jnp.int32)
+    idx = (row * num_heads + heads[:, None]) * width + c[None, :]
+    _store(ref, idx, value, (c < width)[None, :])
 
 
 def _row_block(ref, row, heads, num_heads: int, width: int, padded: int, valid, dtype):
@@ -232,20 +255,20 @@ def forward(q, k, v, nbr, edges, *, p: Problem, config: AttentionConfig = DEFAUL
         m_safe = jnp.where(m == neg_inf, 0.0, m)
         lse = jnp.where(ok, m_safe + jnp.log(jnp.where(ok, zt, 1.0)), float("inf"))
         base = i * h + heads
-        out_ref[base[:, None] * p.dvp + jnp.arange(p.dvp, dtype=jnp.int32)[None, :]] = out.astype(out_ref.dtype)
+        _store_rows(out_ref, i, heads, h, p.dv, p.dvp, out)
         lse_ref[base] = lse
         amax_ref[base] = amax
 
     out, lse, amax = pallas_call(
         kernel,
         [
-            jax.ShapeDtypeStruct((n * h * p.dvp,), q.dtype),
+            jax.ShapeDtypeStruct((n * h * p.dv,), q.dtype),
             jax.ShapeDtypeStruct((n * h,), acc),
             jax.ShapeDtypeStruct((n * h,), jnp.int32),
         ],
         (n, h // bh), config.num_warps, name="jequi_attention_fwd",
     )(q.reshape(-1), k.reshape(-1), v.reshape(-1), nbr.reshape(-1), *_edge_arrays(p, edges))  # fmt: skip
-    return out.reshape(n, h, p.dvp)[..., : p.dv], lse.reshape(n, h), amax.reshape(n, h)
+    return out.reshape(n, h, p.dv), lse.reshape(n, h), amax.reshape(n, h)
 
 
 # --- backward -------------------------------------------------------------------------------------
@@ -268,133 +291,174 @@ def _edge_step(p: Problem, s, qk, ev, P0, dpu, D, slot, amax):
     return P, ds, tuple(g if has else None for g, has in zip(grads, present))
 
 
+def _needs(p: Problem, needs: tuple):
+    """``(need_q, need_k, need_v, need_edge)`` with `need_edge` over all four
+    :data:`EDGE_NAMES` slots, from `needs` over ``(q, k, v, *present edge arrays)``."""
+    need_edge = [False] * 4
+    for flag, i in zip(needs[3:], [i for i, hb in enumerate(p.edge_heads) if hb is not None]):
+        need_edge[i] = flag
+    return needs[0], needs[1], needs[2], need_edge
+
+
+def _edge_grad_width(p: Problem, i: int, h: int, bh: int) -> int:
+    """Columns per edge of edge scalar `i`'s gradient as the kernels write it: one per head, or
+    for a scalar shared by the heads one partial sum per head block (summed by
+    :func:`_edge_grads`, so the result does not depend on the scheduling)."""
+    return h if p.edge_heads[i] > 1 else h // bh
+
+
+def _edge_grads(p: Problem, flat, need_edge, n: int, h: int, bh: int) -> list:
+    """The per-edge gradients ``[N, K, H or 1]`` from the kernels' flat outputs."""
+    grads = [None] * 4
+    for i, g in zip([i for i in range(4) if need_edge[i]], flat):
+        g = g.reshape(n, p.slots, _edge_grad_width(p, i, h, bh))
+        grads[i] = g if p.edge_heads[i] > 1 else g.sum(axis=2, keepdims=True)
+    return grads
+
+
+def _store_edge_grads(refs, p: Problem, eg, need_edge, edge, heads, hblock, valid, h: int):
+    """Store the per-edge gradients `eg` (``[BE, BH]`` each) of flat edges `edge` where
+    `valid`, at their :func:`_edge_grad_width` columns."""
+    refs = iter(refs)
+    nhb = h // heads.shape[0]
+    for i, g in enumerate(eg):
+        if not need_edge[i]:
+            continue
+        ref = next(refs)
+        if p.edge_heads[i] > 1:
+            _store(ref, edge[:, None] * h + heads[None, :], g, valid[:, None])
+        else:
+            _store(ref, edge * nhb + hblock, jnp.sum(g, axis=1), valid)
+
+
 @functools.partial(jax.jit, static_argnames=("p", "needs", "atomic", "config"))
 def backward(q, k, v, nbr, edges, lse, amax, dout, delta, *, p: Problem, needs: tuple, atomic: bool = False,
              config: AttentionConfig = DEFAULT):  # fmt: skip
     """The gradients of ``<dout, out>`` for ``(q, k, v, *present edge arrays)`` flagged in
     `needs` (a bool each, in that order), None for the others. ``lse``, ``amax`` from
     :func:`forward`; ``delta = <dout, out>`` per row and head ``[N, H]``. Per-edge gradients
-    have their input's shape (``[N, K, 1]`` summed over heads). ``atomic``: ``dk``, ``dv``
-    added with atomics by the target pass (not bitwise reproducible) instead of a pass over the
-    transposed neighbour list."""
-    n, h, _ = q.shape
-    n_src = k.shape[0]
-    present = [i for i, hb in enumerate(p.edge_heads) if hb is not None]
-    need_q, need_k, need_v = needs[:3]
-    need_edge = [False] * 4
-    for flag, i in zip(needs[3:], present):
-        need_edge[i] = flag
-    acc = _acc_dtype(q.dtype)
-    bh, bk, be = blocks(p, config)
-    if atomic:
-        bk = 1
-    steps = -(-p.slots // bk)
-    kp = steps * bk
-    nhb = h // bh
-    edge_arrays = _edge_arrays(p, edges)
-    args = (q.reshape(-1), k.reshape(-1), v.reshape(-1), nbr.reshape(-1), *edge_arrays, lse.reshape(-1),
-            amax.reshape(-1), dout.reshape(-1), delta.reshape(-1))  # fmt: skip
-    target_scatter = atomic and (need_k or need_v)
-    run_targets = need_q or any(need_edge) or target_scatter
-    dq = dk = dv = None
-    grads_edge = [None] * 4
-    if run_targets:
-        shapes, names = [], []
-        if need_q:
-            shapes.append(jax.ShapeDtypeStruct((n * h * p.dp,), acc))
-            names.append("dq")
-        for i in range(4):
-            if need_edge[i]:
-                hg = h if p.edge_heads[i] > 1 else nhb
-                shapes.append(jax.ShapeDtypeStruct((n * kp * hg,), acc))
-                names.append(i)
-        aliases = {}
-        extra = []
-        if target_scatter:
-            for name, width in (("dk", p.dp), ("dv", p.dvp)):
-                aliases[len(args) + len(extra)] = len(shapes)
-                extra.append(jnp.zeros(((n_src + 1) * h * width,), acc))
-                shapes.append(jax.ShapeDtypeStruct(((n_src + 1) * h * width,), acc))
-                names.append(name)
+    have their input's shape (``[N, K, 1]`` summed over heads).
 
-        def kernel(q_ref, k_ref, v_ref, nbr_ref, *refs):
-            edge_refs, rest = _edge_refs(p, refs)
-            lse_ref, amax_ref, do_ref, delta_ref = rest[:4]
-            outs = dict(zip(names, rest[4 + len(extra) :]))
-            i, hblock = pl.program_id(0), pl.program_id(1)
-            heads = hblock * bh + jnp.arange(bh, dtype=jnp.int32)
-            qi = _row_block(q_ref, i, heads, h, p.d, p.dp, True, acc)
-            doi = _row_block(do_ref, i, heads, h, p.dv, p.dvp, True, acc)
-            lse_i = lse_ref[i * h + heads]
-            amax_i = amax_ref[i * h + heads]
-            delta_i = delta_ref[i * h + heads].astype(acc)
-
-            def step(t, dq):
-                slot = t * bk + jnp.arange(bk, dtype=jnp.int32)
-                in_row = slot < p.slots
-                edge = i * p.slots + jnp.minimum(slot, p.slots - 1)
-                j = nbr_ref[edge]
-                valid = in_row & (j >= 0) & (j < n_src)
-                j = jnp.where(valid, j, 0)
-                kj = _row_block(k_ref, j, heads, h, p.d, p.dp, valid, acc)
-                vj = _row_block(v_ref, j, heads, h, p.dv, p.dvp, valid, acc)
-                ev = _edge_block(edge_refs, p, edge, heads, valid, acc)
-                qk = jnp.sum(qi[None] * kj, axis=2)
-                s = _logits(p, qk, ev)
-                vmask = valid[:, None]
-                P0 = jnp.where(vmask, jnp.exp(jnp.where(vmask, s, 0.0) - lse_i[None, :]), 0.0)
-                dpu = jnp.sum(doi[None] * vj, axis=2)
-                P, ds, eg = _edge_step(p, s, qk, ev, P0, dpu, delta_i[None, :], slot[:, None], amax_i[None, :])
-                dsg = _times(ds, ev[G]) * p.scale
-                pos = (i * kp + slot)[:, None]
-                for n_, g_ in enumerate(eg):
-                    if g_ is None or not need_edge[n_]:
-                        continue
-                    if p.edge_heads[n_] > 1:
-                        outs[n_][pos * h + heads[None, :]] = g_
-                    else:
-                        outs[n_][pos[:, 0] * nhb + hblock] = jnp.sum(g_, axis=1)
-                if target_scatter:
-                    row = jnp.where(valid, j, n_src)[:, None, None]
-                    if need_k:
-                        c = jnp.arange(p.dp, dtype=jnp.int32)
-                        idx = (row * h + heads[None, :, None]) * p.dp + c[None, None, :]
-                        pl_triton.atomic_add(outs["dk"], idx, dsg[:, :, None] * qi[None])
-                    if need_v:
-                        c = jnp.arange(p.dvp, dtype=jnp.int32)
-                        idx = (row * h + heads[None, :, None]) * p.dvp + c[None, None, :]
-                        pl_triton.atomic_add(outs["dv"], idx, _times(P, ev[U])[:, :, None] * doi[None])
-                if need_q:
-                    dq = dq + jnp.sum(dsg[:, :, None] * kj, axis=0)
-                return dq
-
-            dq = jax.lax.fori_loop(0, steps, step, jnp.zeros((bh, p.dp), acc))
-            if need_q:
-                base = (i * h + heads)[:, None] * p.dp
-                outs["dq"][base + jnp.arange(p.dp, dtype=jnp.int32)[None, :]] = dq
-
-        results = pallas_call(kernel, shapes, (n, nhb), config.num_warps, name="jequi_attention_bwd_targets",
-                              aliases=aliases)(*args, *extra)  # fmt: skip
-        results = dict(zip(names, results))
-        if need_q:
-            dq = results["dq"].reshape(n, h, p.dp)[..., : p.d]
-        for i in range(4):
-            if need_edge[i]:
-                hg = h if p.edge_heads[i] > 1 else nhb
-                g_ = results[i].reshape(n, kp, hg)[:, : p.slots]
-                grads_edge[i] = g_ if p.edge_heads[i] > 1 else g_.sum(axis=2, keepdims=True)
-        if target_scatter:
-            if need_k:
-                dk = results["dk"].reshape(n_src + 1, h, p.dp)[:n_src, :, : p.d]
-            if need_v:
-                dv = results["dv"].reshape(n_src + 1, h, p.dvp)[:n_src, :, : p.dv]
+    Where ``dk`` or ``dv`` is needed and ``atomic`` is False: :func:`backward_sources` (a pass
+    over sources along :func:`transposed_neighbors`; bitwise reproducible) computes ``dk``,
+    ``dv``, the per-edge gradients and, if ``dq`` is needed, each edge's ``ds g scale``, from
+    which :func:`backward_queries` sums ``dq`` gathering only keys, so the values are gathered
+    by one pass, not two. Otherwise :func:`backward_targets`, one pass over targets (with
+    ``atomic``, ``dk`` and ``dv`` added by atomics: not bitwise reproducible)."""
+    need_q, need_k, need_v, _ = _needs(p, needs)
     if (need_k or need_v) and not atomic:
-        dk, dv = _backward_sources(args, n, n_src, h, bh, be, acc, p, need_k, need_v, config)
+        order, offsets = transposed_neighbors(nbr, k.shape[0])
+        dk, dv, coef, grads_edge = backward_sources(q, k, v, nbr, edges, lse, amax, dout, delta, order, offsets, p=p,
+                                                    needs=needs, config=config)  # fmt: skip
+        dq = backward_queries(k, nbr, coef, p=p, config=config) if need_q else None
+    else:
+        dq, dk, dv, grads_edge = backward_targets(q, k, v, nbr, edges, lse, amax, dout, delta, p=p, needs=needs,
+                                                  atomic=atomic, config=config)  # fmt: skip
     cast = lambda x, like: None if x is None else x.astype(like.dtype)  # noqa: E731
-    grads = [cast(dq, q) if need_q else None, cast(dk, k) if need_k else None, cast(dv, v) if need_v else None]
-    for flag, i in zip(needs[3:], present):
+    grads = [cast(dq, q), cast(dk, k), cast(dv, v)]
+    for flag, i in zip(needs[3:], [i for i, hb in enumerate(p.edge_heads) if hb is not None]):
         grads.append(cast(grads_edge[i], edges[i]) if flag else None)
     return tuple(grads)
+
+
+def _backward_args(q, k, v, nbr, edges, lse, amax, dout, delta, p: Problem):
+    return (q.reshape(-1), k.reshape(-1), v.reshape(-1), nbr.reshape(-1), *_edge_arrays(p, edges), lse.reshape(-1),
+            amax.reshape(-1), dout.reshape(-1), delta.reshape(-1))  # fmt: skip
+
+
+@functools.partial(jax.jit, static_argnames=("p", "needs", "atomic", "config"))
+def backward_targets(q, k, v, nbr, edges, lse, amax, dout, delta, *, p: Problem, needs: tuple, atomic: bool,
+                     config: AttentionConfig = DEFAULT):  # fmt: skip
+    """``(dq, dk, dv, per-edge gradients over the four slots)`` of the flagged inputs (None
+    for the others) by one pass over targets: each program walks its row's slots, recomputes
+    ``P`` and ``ds`` and sums ``dq``; with ``atomic``, it adds ``dk`` and ``dv`` by atomics,
+    one slot a step (so duplicate neighbours never collide within one atomic); without it
+    ``dk`` and ``dv`` are not computed here."""
+    n, h, _ = q.shape
+    n_src = k.shape[0]
+    need_q, need_k, need_v, need_edge = _needs(p, needs)
+    acc = _acc_dtype(q.dtype)
+    bh, bk, _ = blocks(p, config)
+    target_scatter = atomic and (need_k or need_v)
+    if target_scatter:
+        bk = 1
+    steps = -(-p.slots // bk)
+    args = _backward_args(q, k, v, nbr, edges, lse, amax, dout, delta, p)
+    shapes, names = [], []
+    if need_q:
+        shapes.append(jax.ShapeDtypeStruct((n * h * p.d,), acc))
+        names.append("dq")
+    for i in range(4):
+        if need_edge[i]:
+            shapes.append(jax.ShapeDtypeStruct((n * p.slots * _edge_grad_width(p, i, h, bh),), acc))
+            names.append(i)
+    aliases, extra = {}, []
+    if target_scatter:
+        # Padding slots add their zeros into an extra row n_src (atomics cannot be masked in
+        # the interpreter); the padded width keeps the atomics' columns unmasked too.
+        for name, width in (("dk", p.dp), ("dv", p.dvp)):
+            aliases[len(args) + len(extra)] = len(shapes)
+            extra.append(jnp.zeros(((n_src + 1) * h * width,), acc))
+            shapes.append(jax.ShapeDtypeStruct(((n_src + 1) * h * width,), acc))
+            names.append(name)
+
+    def kernel(q_ref, k_ref, v_ref, nbr_ref, *refs):
+        edge_refs, rest = _edge_refs(p, refs)
+        lse_ref, amax_ref, do_ref, delta_ref = rest[:4]
+        outs = dict(zip(names, rest[4 + len(extra) :]))
+        i, hblock = pl.program_id(0), pl.program_id(1)
+        heads = hblock * bh + jnp.arange(bh, dtype=jnp.int32)
+        qi = _row_block(q_ref, i, heads, h, p.d, p.dp, True, acc)
+        doi = _row_block(do_ref, i, heads, h, p.dv, p.dvp, True, acc)
+        lse_i = lse_ref[i * h + heads]
+        amax_i = amax_ref[i * h + heads]
+        delta_i = delta_ref[i * h + heads].astype(acc)
+
+        def step(t, dq):
+            slot = t * bk + jnp.arange(bk, dtype=jnp.int32)
+            in_row = slot < p.slots
+            edge = i * p.slots + jnp.minimum(slot, p.slots - 1)
+            j = nbr_ref[edge]
+            valid = in_row & (j >= 0) & (j < n_src)
+            j = jnp.where(valid, j, 0)
+            kj = _row_block(k_ref, j, heads, h, p.d, p.dp, valid, acc)
+            vj = _row_block(v_ref, j, heads, h, p.dv, p.dvp, valid, acc)
+            ev = _edge_block(edge_refs, p, edge, heads, valid, acc)
+            qk = jnp.sum(qi[None] * kj, axis=2)
+            s = _logits(p, qk, ev)
+            vmask = valid[:, None]
+            P0 = jnp.where(vmask, jnp.exp(jnp.where(vmask, s, 0.0) - lse_i[None, :]), 0.0)
+            dpu = jnp.sum(doi[None] * vj, axis=2)
+            P, ds, eg = _edge_step(p, s, qk, ev, P0, dpu, delta_i[None, :], slot[:, None], amax_i[None, :])
+            dsg = _times(ds, ev[G]) * p.scale
+            # every slot of the row is written (padding slots' gradients are zeros)
+            _store_edge_grads([outs[i_] for i_ in range(4) if need_edge[i_]], p, eg, need_edge, edge, heads, hblock,
+                              in_row, h)  # fmt: skip
+            if target_scatter:
+                row = jnp.where(valid, j, n_src)[:, None, None]
+                if need_k:
+                    c = jnp.arange(p.dp, dtype=jnp.int32)
+                    idx = (row * h + heads[None, :, None]) * p.dp + c[None, None, :]
+                    pl_triton.atomic_add(outs["dk"], idx, dsg[:, :, None] * qi[None])
+                if need_v:
+                    c = jnp.arange(p.dvp, dtype=jnp.int32)
+                    idx = (row * h + heads[None, :, None]) * p.dvp + c[None, None, :]
+                    pl_triton.atomic_add(outs["dv"], idx, _times(P, ev[U])[:, :, None] * doi[None])
+            if need_q:
+                dq = dq + jnp.sum(dsg[:, :, None] * kj, axis=0)
+            return dq
+
+        dq = jax.lax.fori_loop(0, steps, step, jnp.zeros((bh, p.dp), acc))
+        if need_q:
+            _store_rows(outs["dq"], i, heads, h, p.d, p.dp, dq)
+
+    results = pallas_call(kernel, shapes, (n, h // bh), config.num_warps, name="jequi_attention_bwd_targets",
+                          aliases=aliases)(*args, *extra)  # fmt: skip
+    results = dict(zip(names, results))
+    dq = results["dq"].reshape(n, h, p.d) if need_q else None
+    dk = results["dk"].reshape(n_src + 1, h, p.dp)[:n_src, :, : p.d] if target_scatter and need_k else None
+    dv = results["dv"].reshape(n_src + 1, h, p.dvp)[:n_src, :, : p.dv] if target_scatter and need_v else None
+    return dq, dk, dv, _edge_grads(p, [results[i] for i in range(4) if need_edge[i]], need_edge, n, h, bh)
 
 
 def transposed_neighbors(nbr, n_src: int):
@@ -410,25 +474,44 @@ def transposed_neighbors(nbr, n_src: int):
     return order, offsets
 
 
-def _backward_sources(args, n, n_src, h, bh, be, acc, p: Problem, need_k, need_v, config):
-    """``(dk, dv)`` by a pass over sources: each program walks the edges into its source in
-    the order of :func:`transposed_neighbors`, recomputes ``P`` and ``ds`` per edge and writes
-    its sums once."""
-    nbr_flat = args[3]
-    order, offsets = transposed_neighbors(nbr_flat, n_src)
-    num_slots = nbr_flat.shape[0]
+@functools.partial(jax.jit, static_argnames=("p", "needs", "config"))
+def backward_sources(q, k, v, nbr, edges, lse, amax, dout, delta, order, offsets, *, p: Problem, needs: tuple,
+                     config: AttentionConfig = DEFAULT):  # fmt: skip
+    """``(dk, dv, coef, per-edge gradients over the four slots)`` of the flagged inputs by a
+    pass over sources: each program walks the edges into its source in the order of
+    :func:`transposed_neighbors`, recomputes ``P`` and ``ds`` per edge, writes its ``dk`` and
+    ``dv`` sums once and each edge's gradients at the edge. ``coef [N * K * H]``: each valid
+    edge's ``ds g scale`` for :func:`backward_queries` when ``dq`` is needed (else None);
+    padding slots are never visited, so their ``coef`` is unwritten and their gradients stay
+    at the zeros the outputs start from."""
+    n, h, _ = q.shape
+    n_src = k.shape[0]
+    need_q, need_k, need_v, need_edge = _needs(p, needs)
+    acc = _acc_dtype(q.dtype)
+    bh, _, be = blocks(p, config)
+    args = _backward_args(q, k, v, nbr, edges, lse, amax, dout, delta, p)
+    num_slots = n * p.slots
     shapes, names = [], []
-    if need_k:
-        shapes.append(jax.ShapeDtypeStruct((n_src * h * p.dp,), acc))
-        names.append("dk")
-    if need_v:
-        shapes.append(jax.ShapeDtypeStruct((n_src * h * p.dvp,), acc))
-        names.append("dv")
+    for name, flag, width in (("dk", need_k, p.d), ("dv", need_v, p.dv)):
+        if flag:
+            shapes.append(jax.ShapeDtypeStruct((n_src * h * width,), acc))
+            names.append(name)
+    if need_q:
+        shapes.append(jax.ShapeDtypeStruct((num_slots * h,), acc))
+        names.append("coef")
+    aliases, zeros = {}, []
+    for i in range(4):
+        if need_edge[i]:
+            size = num_slots * _edge_grad_width(p, i, h, bh)
+            aliases[len(args) + 2 + len(zeros)] = len(shapes)
+            zeros.append(jnp.zeros((size,), acc))
+            shapes.append(jax.ShapeDtypeStruct((size,), acc))
+            names.append(i)
 
     def kernel(q_ref, k_ref, v_ref, nbr_ref, *refs):
         edge_refs, rest = _edge_refs(p, refs)
         lse_ref, amax_ref, do_ref, delta_ref, order_ref, off_ref = rest[:6]
-        outs = dict(zip(names, rest[6:]))
+        outs = dict(zip(names, rest[6 + len(zeros) :]))
         j, hblock = pl.program_id(0), pl.program_id(1)
         heads = hblock * bh + jnp.arange(bh, dtype=jnp.int32)
         kj = _row_block(k_ref, j, heads, h, p.d, p.dp, True, acc)  # [BH, dp]
@@ -454,26 +537,66 @@ def _backward_sources(args, n, n_src, h, bh, be, acc, p: Problem, need_k, need_v
             s = _logits(p, qk, ev)
             P0 = jnp.where(vmask, jnp.exp(jnp.where(vmask, s, 0.0) - lse_i), 0.0)
             dpu = jnp.sum(doi * vj[None], axis=2)
-            P, ds, _ = _edge_step(p, s, qk, ev, P0, dpu, delta_i, slot[:, None], amax_i)
+            P, ds, eg = _edge_step(p, s, qk, ev, P0, dpu, delta_i, slot[:, None], amax_i)
+            dsg = _times(ds, ev[G]) * p.scale
+            _store_edge_grads([outs[i_] for i_ in range(4) if need_edge[i_]], p, eg, need_edge, edge, heads, hblock,
+                              valid, h)  # fmt: skip
+            if need_q:
+                _store(outs["coef"], edge[:, None] * h + heads[None, :], dsg, vmask)
             if need_k:
-                dk = dk + jnp.sum((_times(ds, ev[G]) * p.scale)[:, :, None] * qi, axis=0)
+                dk = dk + jnp.sum(dsg[:, :, None] * qi, axis=0)
             if need_v:
                 dv = dv + jnp.sum(_times(P, ev[U])[:, :, None] * doi, axis=0)
             return dk, dv
 
         count = jax.lax.div(end - start + (be - 1), jnp.int32(be))
         dk, dv = jax.lax.fori_loop(0, count, step, (jnp.zeros((bh, p.dp), acc), jnp.zeros((bh, p.dvp), acc)))
-        base = j * h + heads
         if need_k:
-            outs["dk"][base[:, None] * p.dp + jnp.arange(p.dp, dtype=jnp.int32)[None, :]] = dk
+            _store_rows(outs["dk"], j, heads, h, p.d, p.dp, dk)
         if need_v:
-            outs["dv"][base[:, None] * p.dvp + jnp.arange(p.dvp, dtype=jnp.int32)[None, :]] = dv
+            _store_rows(outs["dv"], j, heads, h, p.dv, p.dvp, dv)
 
-    results = dict(zip(names, pallas_call(kernel, shapes, (n_src, h // bh), config.num_warps,
-                                          name="jequi_attention_bwd_sources")(*args, order, offsets)))  # fmt: skip
-    dk = results["dk"].reshape(n_src, h, p.dp)[..., : p.d] if need_k else None
-    dv = results["dv"].reshape(n_src, h, p.dvp)[..., : p.dv] if need_v else None
-    return dk, dv
+    results = pallas_call(kernel, shapes, (n_src, h // bh), config.num_warps, name="jequi_attention_bwd_sources",
+                          aliases=aliases)(*args, order, offsets, *zeros)  # fmt: skip
+    results = dict(zip(names, results))
+    dk = results["dk"].reshape(n_src, h, p.d) if need_k else None
+    dv = results["dv"].reshape(n_src, h, p.dv) if need_v else None
+    grads = _edge_grads(p, [results[i] for i in range(4) if need_edge[i]], need_edge, n, h, bh)
+    return dk, dv, results.get("coef"), grads
+
+
+@functools.partial(jax.jit, static_argnames=("p", "config"))
+def backward_queries(k, nbr, coef, *, p: Problem, config: AttentionConfig = DEFAULT):
+    """``dq [N, H, d] = sum_t coef_it k_j`` over each target's valid slots, ``coef`` the
+    edges' ``ds g scale`` from :func:`backward_sources`: a pass over targets that gathers only
+    keys, so its step takes as many slots as fit ``tile_elements`` key values (``d`` wide)."""
+    n = nbr.shape[0]
+    n_src, h, _ = k.shape
+    acc = coef.dtype
+    bh, _, _ = blocks(p, config)
+    fit = max(1, config.tile_elements // (bh * p.dp))
+    bk = config.block_neighbors or min(1 << (fit.bit_length() - 1), _pow2(p.slots))
+    steps = -(-p.slots // bk)
+
+    def kernel(k_ref, nbr_ref, coef_ref, dq_ref):
+        i, hblock = pl.program_id(0), pl.program_id(1)
+        heads = hblock * bh + jnp.arange(bh, dtype=jnp.int32)
+
+        def step(t, dq):
+            slot = t * bk + jnp.arange(bk, dtype=jnp.int32)
+            edge = i * p.slots + jnp.minimum(slot, p.slots - 1)
+            j = nbr_ref[edge]
+            valid = (slot < p.slots) & (j >= 0) & (j < n_src)
+            kj = _row_block(k_ref, jnp.where(valid, j, 0), heads, h, p.d, p.dp, valid, acc)  # [BK, BH, dp]
+            c = _load(coef_ref, edge[:, None] * h + heads[None, :], valid[:, None] & (heads[None, :] >= 0))
+            return dq + jnp.sum(c[:, :, None] * kj, axis=0)
+
+        dq = jax.lax.fori_loop(0, steps, step, jnp.zeros((bh, p.dp), acc))
+        _store_rows(dq_ref, i, heads, h, p.d, p.dp, dq)
+
+    (dq,) = pallas_call(kernel, [jax.ShapeDtypeStruct((n * h * p.d,), acc)], (n, h // bh), config.num_warps,
+                        name="jequi_attention_bwd_queries")(k.reshape(-1), nbr.reshape(-1), coef)  # fmt: skip
+    return dq.reshape(n, h, p.d)
 
 
 # --- forward mode ---------------------------------------------------------------------------------
@@ -569,14 +692,13 @@ def tangent(q, k, v, nbr, edges, out, lse, amax, tangents, *, p: Problem, config
         a, sdp, extra = jax.lax.fori_loop(0, steps, step, init)
         outi = _row_block(out_ref, i, heads, h, p.dv, p.dvp, True, acc)
         res = a - outi * (sdp - extra)[:, None]
-        base = i * h + heads
-        dout_ref[base[:, None] * p.dvp + jnp.arange(p.dvp, dtype=jnp.int32)[None, :]] = res.astype(dout_ref.dtype)
+        _store_rows(dout_ref, i, heads, h, p.dv, p.dvp, res)
 
     (dout,) = pallas_call(
-        kernel, [jax.ShapeDtypeStruct((n * h * p.dvp,), q.dtype)], (n, h // bh), config.num_warps,
+        kernel, [jax.ShapeDtypeStruct((n * h * p.dv,), q.dtype)], (n, h // bh), config.num_warps,
         name="jequi_attention_jvp",
     )(
         q.reshape(-1), k.reshape(-1), v.reshape(-1), nbr.reshape(-1), *_edge_arrays(p, edges), out.reshape(-1),
         lse.reshape(-1), amax.reshape(-1), *node_args, *(t.reshape(-1) for t, has in zip(dedges, has_t) if has),
     )  # fmt: skip
-    return dout.reshape(n, h, p.dvp)[..., : p.dv]
+    return dout.reshape(n, h, p.dv)
