@@ -23,16 +23,14 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.metadata
 import pathlib
-import platform
 import tempfile
 
 import e3nn_jax as e3nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-from timing import save, timed
+from timing import save, timed, versions
 
 import jequi
 
@@ -62,16 +60,6 @@ def fused_conv(tp, graph):
         return tp.conv(x, sh, radial, graph).array
 
     return f
-
-
-def versions() -> dict:
-    v = {"python": platform.python_version(), "jax": jax.__version__, "jequi": jequi.__version__}
-    for dist in ("jaxlib", "e3nn-jax"):
-        try:
-            v[dist] = importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            v[dist] = None
-    return v
 
 
 def run_problem(name, num_edges, degree, dtype, repeat, calls, rng):
@@ -157,7 +145,7 @@ def main():
         jax.config.update("jax_enable_x64", True)
     dtype = jnp.dtype(a.dtype)
     rng = np.random.default_rng(0)
-    result = {"date": datetime.date.today().isoformat(), "device": jax.devices()[0].device_kind, "versions": versions(),
+    result = {"date": datetime.date.today().isoformat(), "device": jax.devices()[0].device_kind, "versions": versions("jaxlib", "e3nn-jax"),
               "dtype": a.dtype, "degree": a.degree, "repeat": a.repeat, "calls": a.calls, "cells": []}  # fmt: skip
     for problem in a.problems.split(","):
         for num_edges in (int(e) for e in a.edges.split(",")):

@@ -24,9 +24,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.metadata
 import pathlib
-import platform
 import tempfile
 import time
 
@@ -34,7 +32,7 @@ import e3nn_jax as e3nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-from timing import save, timed
+from timing import save, timed, versions
 
 import jequi
 
@@ -59,16 +57,6 @@ def implementations(irreps_x, irreps_sh, filter_ir_out, which):
 
     impls = {"e3nn": dense, "eaas": eaas, "jequi_dense": jequi_dense}
     return {k: impls[k] for k in which}
-
-
-def versions() -> dict:
-    v = {"python": platform.python_version(), "jax": jax.__version__, "jequi": jequi.__version__}
-    for dist in ("jaxlib", "e3nn-jax"):
-        try:
-            v[dist] = importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            v[dist] = None
-    return v
 
 
 def memory_budget(gb: float | None) -> float:
@@ -188,7 +176,7 @@ def main():
     impls = a.impls.split(",")
     deadline = time.time() + a.time_limit
     budget = memory_budget(a.memory_gb)
-    result = {"date": datetime.date.today().isoformat(), "device": jax.devices()[0].device_kind, "versions": versions(),
+    result = {"date": datetime.date.today().isoformat(), "device": jax.devices()[0].device_kind, "versions": versions("jaxlib", "e3nn-jax"),
               "dtype": a.dtype, "repeat": a.repeat, "calls": a.calls, "impls": impls, "memory_budget_bytes": budget,
               "cells": []}  # fmt: skip
     rows = [int(n) for n in a.rows.split(",")]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.metadata
+import platform
 import statistics
 import time
 
@@ -49,3 +51,17 @@ def save(result: dict, kind: str, markdown: str, out) -> str:
         for f in (out / f"{stem}.json", out / f"{stem}.md"):
             shutil.copy(f, os.environ["OUT"])
     return stem
+
+
+def versions(*dists: str) -> dict:
+    """Python, jax and jequi versions, and those of the installed distributions `dists` (None
+    where one is not installed): the header of every results file."""
+    import jequi
+
+    v = {"python": platform.python_version(), "jax": jax.__version__, "jequi": jequi.__version__}
+    for dist in dists:
+        try:
+            v[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            v[dist] = None
+    return v

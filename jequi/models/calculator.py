@@ -117,16 +117,8 @@ class JequiCalculator(Calculator):
     def __init__(self, model="nequip-emt", backend=None, dtype="float32", growth: float = 1.25,
                  min_atoms: int = 8, min_edges: int = 64, **kwargs):  # fmt: skip
         super().__init__(**kwargs)
-        params, config = load_model(model)
-        self.dtype = jnp.dtype(dtype)
-        if self.dtype not in (jnp.float32, jnp.float64):
-            raise ValueError(f"dtype must be float32 or float64, got {dtype!r}")
-        if self.dtype == jnp.float64 and not jax.config.jax_enable_x64:
-            raise ValueError("dtype float64 needs jax.config.update('jax_enable_x64', True) first")
-        if backend is not None:
-            config = dataclasses.replace(config, backend=backend)
-        self.config = config
-        self.params = jax.tree.map(lambda a: jnp.asarray(a, self.dtype), params)
+        self.params, self.config, self.dtype = calculator_model(model, backend, dtype)
+        config = self.config
         self.growth, self.min_atoms, self.min_edges = growth, min_atoms, min_edges
         # one jitted function per calculator: its cache holds one entry per (atom, edge) bucket
         self.compiled = jax.jit(functools.partial(_evaluate, config))
@@ -159,19 +151,39 @@ class JequiCalculator(Calculator):
     def calculate(self, atoms=None, properties=("energy",), system_changes=all_changes):
         super().calculate(atoms, properties, system_changes)
         atoms = self.atoms
-        periodic = bool(np.all(atoms.pbc))
-        if "stress" in properties and not periodic:
-            raise PropertyNotImplementedError(
-                f"stress needs a cell periodic in all three directions; this structure has pbc={atoms.pbc.tolist()}"
-            )
+        check_stress_request(atoms, properties)
         n = len(atoms)
         total, per_atom, forces, virial = self.compiled(self.params, *self.padded_inputs(atoms))
-        self.results = {
-            "energy": float(total),
-            "free_energy": float(total),
-            "energies": np.asarray(per_atom[:n], np.float64),
-            "forces": np.asarray(forces[:n], np.float64),
-        }
-        if periodic:
-            stress = np.asarray(virial, np.float64) / atoms.get_volume()
-            self.results["stress"] = stress.flat[[0, 4, 8, 5, 2, 1]]
+        self.results = calculator_results(atoms, total, np.asarray(per_atom[:n]), np.asarray(forces[:n]), virial)
+
+
+def calculator_model(model, backend, dtype):
+    """``(params, config, dtype)`` of a calculator: :func:`load_model`'s, the params cast to
+    `dtype` (float32, or float64 under ``jax_enable_x64``) and `backend` set on the config
+    (None keeps the model's)."""
+    params, config = load_model(model)
+    dtype = jnp.dtype(dtype)
+    if dtype not in (jnp.float32, jnp.float64):
+        raise ValueError(f"dtype must be float32 or float64, got {dtype!r}")
+    if dtype == jnp.float64 and not jax.config.jax_enable_x64:
+        raise ValueError("dtype float64 needs jax.config.update('jax_enable_x64', True) first")
+    if backend is not None:
+        config = dataclasses.replace(config, backend=backend)
+    return jax.tree.map(lambda a: jnp.asarray(a, dtype), params), config, dtype
+
+
+def check_stress_request(atoms, properties) -> None:
+    """A clear error where stress is asked of a structure not periodic in all three directions."""
+    if "stress" in properties and not np.all(atoms.pbc):
+        raise PropertyNotImplementedError(f"stress needs a cell periodic in all three directions; this structure has pbc={atoms.pbc.tolist()}")
+
+
+def calculator_results(atoms, energy, per_atom, forces, virial) -> dict:
+    """ASE's results of one evaluation (float64): energy, free energy (the same: no electronic
+    entropy), per-atom energies, forces and, for periodic cells, the Voigt stress virial / volume."""
+    energy = float(energy)
+    results = {"energy": energy, "free_energy": energy, "energies": np.asarray(per_atom, np.float64), "forces": np.asarray(forces, np.float64)}
+    if np.all(atoms.pbc):
+        stress = np.asarray(virial, np.float64) / atoms.get_volume()
+        results["stress"] = stress.flat[[0, 4, 8, 5, 2, 1]]
+    return results

@@ -23,12 +23,12 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-from ase.calculators.calculator import Calculator, PropertyNotImplementedError, all_changes
+from ase.calculators.calculator import Calculator, all_changes
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from ..graph import Graph
-from .calculator import load_model, neighbour_edges
+from .calculator import calculator_model, calculator_results, check_stress_request, load_model, neighbour_edges
 from .decomposition import Decomposition, Layout, Shards, split
 from .nequip import NequIPConfig, atomic_energies
 
@@ -199,20 +199,11 @@ class ShardedCalculator(Calculator):
     def __init__(self, model="nequip-emt", devices: int | None = None, scheme: str = "exchange", grid=None, backend=None,
                  dtype="float32", growth: float = 1.25, min_atoms: int = 8, min_edges: int = 64, **kwargs):  # fmt: skip
         super().__init__(**kwargs)
-        params, config = load_model(model)
-        self.dtype = jnp.dtype(dtype)
-        if self.dtype not in (jnp.float32, jnp.float64):
-            raise ValueError(f"dtype must be float32 or float64, got {dtype!r}")
-        if self.dtype == jnp.float64 and not jax.config.jax_enable_x64:
-            raise ValueError("dtype float64 needs jax.config.update('jax_enable_x64', True) first")
-        if backend is not None:
-            config = dataclasses.replace(config, backend=backend)
-        self.config = config
+        self.params, self.config, self.dtype = calculator_model(model, backend, dtype)
         self.mesh = device_mesh(devices)
         self.decomposition = Decomposition(self.mesh.devices.size, scheme, grid, growth, min_atoms, min_edges)
-        self.params = jax.tree.map(lambda a: jnp.asarray(a, self.dtype), params)
         # shared by the calculators of one model and mesh: its cache holds one entry per layout
-        self.compiled = compiled(config, self.mesh)
+        self.compiled = compiled(self.config, self.mesh)
         self.shards = None
 
     @property
@@ -224,20 +215,7 @@ class ShardedCalculator(Calculator):
     def calculate(self, atoms=None, properties=("energy",), system_changes=all_changes):
         super().calculate(atoms, properties, system_changes)
         atoms = self.atoms
-        periodic = bool(np.all(atoms.pbc))
-        if "stress" in properties and not periodic:
-            raise PropertyNotImplementedError(
-                f"stress needs a cell periodic in all three directions; this structure has pbc={atoms.pbc.tolist()}"
-            )
+        check_stress_request(atoms, properties)
         self.shards = shards = split_atoms(atoms, self.config, self.decomposition)
         energy, per_atom, forces, virial = self.compiled(shards.layout, self.params, *device_arrays(shards, self.mesh, self.dtype))
-        energy = float(energy)
-        self.results = {
-            "energy": energy,
-            "free_energy": energy,
-            "energies": shards.gather(per_atom).astype(np.float64),
-            "forces": shards.gather(forces).astype(np.float64),
-        }
-        if periodic:
-            stress = np.asarray(virial, np.float64) / atoms.get_volume()
-            self.results["stress"] = stress.flat[[0, 4, 8, 5, 2, 1]]
+        self.results = calculator_results(atoms, energy, shards.gather(per_atom), shards.gather(forces), virial)

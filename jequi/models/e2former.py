@@ -61,7 +61,7 @@ from ..attention import neighbor_attention
 from ..attention.heads import head_irreps, merge_heads, split_heads
 from ..eaas import sh_tensor_product
 from .calculator import bucket
-from .nequip import _linear, _normal_init
+from .nequip import _linear, _normal_init, species_index
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,12 +85,7 @@ class E2FormerConfig:
 
     def species_index(self, numbers) -> np.ndarray:
         """Atomic numbers -> indices into :attr:`species` (ValueError for unknown elements)."""
-        numbers = np.asarray(numbers)
-        lookup = {z: i for i, z in enumerate(self.species)}
-        unknown = sorted(set(numbers.tolist()) - set(lookup))
-        if unknown:
-            raise ValueError(f"elements {unknown} are not in the model's species {self.species}")
-        return np.array([lookup[z] for z in numbers.tolist()], np.int32)
+        return species_index(self.species, numbers)
 
     def module(self) -> E2Former:
         """The Flax module (what :func:`jequi.models.train.train` builds for this config)."""

@@ -29,6 +29,16 @@ from ..graph import Graph
 from ..products import TensorProduct, channelwise
 
 
+def species_index(species, numbers) -> np.ndarray:
+    """Atomic numbers -> indices into a model's `species` (ValueError for unknown elements)."""
+    numbers = np.asarray(numbers)
+    lookup = {z: i for i, z in enumerate(species)}
+    unknown = sorted(set(numbers.tolist()) - set(lookup))
+    if unknown:
+        raise ValueError(f"elements {unknown} are not in the model's species {tuple(species)}")
+    return np.array([lookup[z] for z in numbers.tolist()], np.int32)
+
+
 @dataclasses.dataclass(frozen=True)
 class NequIPConfig:
     """Hyper-parameters. ``species``: the atomic numbers the model knows, in index order."""
@@ -52,12 +62,7 @@ class NequIPConfig:
 
     def species_index(self, numbers) -> np.ndarray:
         """Atomic numbers -> indices into :attr:`species` (ValueError for unknown elements)."""
-        numbers = np.asarray(numbers)
-        lookup = {z: i for i, z in enumerate(self.species)}
-        unknown = sorted(set(numbers.tolist()) - set(lookup))
-        if unknown:
-            raise ValueError(f"elements {unknown} are not in the model's species {self.species}")
-        return np.array([lookup[z] for z in numbers.tolist()], np.int32)
+        return species_index(self.species, numbers)
 
 
 @functools.lru_cache(maxsize=64)
