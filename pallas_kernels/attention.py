@@ -145,6 +145,19 @@ def _store_rows(ref, row, heads, num_heads: int, width: int, padded: int, value)
     _store(ref, idx, value, (c < width)[None, :])
 
 
+def _slot_block(p, nbr_ref, i, t, bk: int, n_src: int):
+    """Step `t` of target row `i`'s neighbour slots, `bk` at a time: ``(slot, in_row, edge, j,
+    valid)``, where `edge` indexes the flat ``[N * K]`` per-edge arrays (clamped into the row),
+    `valid` marks slots in the row whose neighbour is a source, and `j` is that source (0 where
+    not valid, so every gather stays in bounds)."""
+    slot = t * bk + jnp.arange(bk, dtype=jnp.int32)
+    in_row = slot < p.slots
+    edge = i * p.slots + jnp.minimum(slot, p.slots - 1)
+    j = nbr_ref[edge]
+    valid = in_row & (j >= 0) & (j < n_src)
+    return slot, in_row, edge, jnp.where(valid, j, 0), valid
+
+
 def _row_block(ref, row, heads, num_heads: int, width: int, padded: int, valid, dtype):
     """``ref[row, heads, :width]`` of a flat ``[rows, num_heads, width]`` array, as an array of
     shape ``row.shape + (BH, padded)`` in `dtype`, zero past `width` and where not `valid`."""
@@ -224,12 +237,7 @@ def forward(q, k, v, nbr, edges, *, p: Problem, config: AttentionConfig = DEFAUL
 
         def step(t, carry):
             m, z, a, amax = carry
-            slot = t * bk + jnp.arange(bk, dtype=jnp.int32)
-            in_row = slot < p.slots
-            edge = i * p.slots + jnp.minimum(slot, p.slots - 1)
-            j = nbr_ref[edge]
-            valid = in_row & (j >= 0) & (j < n_src)
-            j = jnp.where(valid, j, 0)
+            slot, in_row, edge, j, valid = _slot_block(p, nbr_ref, i, t, bk, n_src)
             kj = _row_block(k_ref, j, heads, h, p.d, p.dp, valid, acc)  # [BK, BH, dp]
             ev = _edge_block(edge_refs, p, edge, heads, valid, acc)
             s = jnp.where(valid[:, None], _logits(p, jnp.sum(qi[None] * kj, axis=2), ev), neg_inf)
@@ -415,12 +423,7 @@ def backward_targets(q, k, v, nbr, edges, lse, amax, dout, delta, *, p: Problem,
         delta_i = delta_ref[i * h + heads].astype(acc)
 
         def step(t, dq):
-            slot = t * bk + jnp.arange(bk, dtype=jnp.int32)
-            in_row = slot < p.slots
-            edge = i * p.slots + jnp.minimum(slot, p.slots - 1)
-            j = nbr_ref[edge]
-            valid = in_row & (j >= 0) & (j < n_src)
-            j = jnp.where(valid, j, 0)
+            slot, in_row, edge, j, valid = _slot_block(p, nbr_ref, i, t, bk, n_src)
             kj = _row_block(k_ref, j, heads, h, p.d, p.dp, valid, acc)
             vj = _row_block(v_ref, j, heads, h, p.dv, p.dvp, valid, acc)
             ev = _edge_block(edge_refs, p, edge, heads, valid, acc)
@@ -583,11 +586,8 @@ def backward_queries(k, nbr, coef, *, p: Problem, config: AttentionConfig = DEFA
         heads = hblock * bh + jnp.arange(bh, dtype=jnp.int32)
 
         def step(t, dq):
-            slot = t * bk + jnp.arange(bk, dtype=jnp.int32)
-            edge = i * p.slots + jnp.minimum(slot, p.slots - 1)
-            j = nbr_ref[edge]
-            valid = (slot < p.slots) & (j >= 0) & (j < n_src)
-            kj = _row_block(k_ref, jnp.where(valid, j, 0), heads, h, p.d, p.dp, valid, acc)  # [BK, BH, dp]
+            _, _, edge, j, valid = _slot_block(p, nbr_ref, i, t, bk, n_src)
+            kj = _row_block(k_ref, j, heads, h, p.d, p.dp, valid, acc)  # [BK, BH, dp]
             c = _load(coef_ref, edge[:, None] * h + heads[None, :], valid[:, None] & (heads[None, :] >= 0))
             return dq + jnp.sum(c[:, :, None] * kj, axis=0)
 
@@ -638,12 +638,7 @@ def tangent(q, k, v, nbr, edges, out, lse, amax, tangents, *, p: Problem, config
 
         def step(t, carry):
             a, sdp, extra = carry
-            slot = t * bk + jnp.arange(bk, dtype=jnp.int32)
-            in_row = slot < p.slots
-            edge = i * p.slots + jnp.minimum(slot, p.slots - 1)
-            j = nbr_ref[edge]
-            valid = in_row & (j >= 0) & (j < n_src)
-            j = jnp.where(valid, j, 0)
+            slot, in_row, edge, j, valid = _slot_block(p, nbr_ref, i, t, bk, n_src)
             kj = _row_block(k_ref, j, heads, h, p.d, p.dp, valid, acc)
             vj = _row_block(v_ref, j, heads, h, p.dv, p.dvp, valid, acc)
             ev = _edge_block(edge_refs, p, edge, heads, valid, acc)
