@@ -28,9 +28,12 @@ import dataclasses
 from types import ModuleType
 from typing import Callable
 
-import ffi
 import jax
-import pallas_kernels
+
+# The kernel packages' ops modules, not their packages: those import jequi's core modules, so
+# importing them first (``import ffi`` before ``import jequi``) must not need this registry done.
+from ffi import ops as ffi_ops
+from pallas_kernels import ops as pallas_ops
 
 from . import kernels, xla
 
@@ -65,11 +68,11 @@ BACKENDS: dict[str, Backend] = {
         "xla", xla.forward, xla.backward, xla.conv_forward, xla.conv_backward, second=xla.second, conv_second=xla.conv_second
     ),
     # On CPU the Pallas kernels run in interpret mode: available (for tests), never the default.
-    "pallas": _kernel_backend("pallas", pallas_kernels, pallas_kernels.DEFAULT, supports_kahan=True),
+    "pallas": _kernel_backend("pallas", pallas_ops, pallas_ops.DEFAULT, supports_kahan=True),
     # GPU only (never the interpreter): CUDA kernels through the XLA FFI, channelwise products.
-    "cuda": _kernel_backend("cuda", ffi, ffi.DEFAULT),
+    "cuda": _kernel_backend("cuda", ffi_ops, ffi_ops.DEFAULT),
     # opt-in, since its conv's gx is not bitwise reproducible
-    "cuda-atomic": _kernel_backend("cuda-atomic", ffi, ffi.Config(atomic_conv_backward=True)),
+    "cuda-atomic": _kernel_backend("cuda-atomic", ffi_ops, ffi_ops.Config(atomic_conv_backward=True)),
 }
 
 
