@@ -2,14 +2,21 @@
 (``jequi.models.distributed``): strong and weak scaling, both schemes, where the time goes, and
 the largest structure that fits on 1 and on N GPUs.
 
-Uses the GPUs it sees (1..N) in one process; each cell is one energy + forces + virial call
+Uses the GPUs it sees (1..N); each cell runs in a fresh process (``--attempt``), killed after
+``--cell-timeout`` (``--attempt-timeout`` for the largest search), so a device out of memory
+(whose other devices would wait in a collective until the whole run's timeout) costs that cell,
+recorded as its error, and the run goes on. Each cell is one energy + forces + virial call
 (what an MD step runs) of a rattled fcc Cu-Au alloy (``model_step.alloy``), float32, model
 ``nequip-oam-l`` (``model_step.MODELS``) with random parameters. Parts (``--parts``):
 
-* ``strong``: ``--strong-atoms`` (default 256,000, the largest that fit one H100 in
-  ``model_step.py --largest``) on 1, 2, 4, ... devices, each scheme (``--schemes``); parallel
-  efficiency ``t_1 / (D t_D)``; every multi-device result is checked against one device's
-  (energy and forces);
+* ``strong``: ``--strong-atoms`` (default 256,000) on 1, 2, 4, ... devices, each scheme
+  (``--schemes``); parallel efficiency ``t_1 / (D t_D)``; every multi-device result is checked
+  against one device's (energy and forces). The default must fit one GPU (the efficiency's
+  baseline): nequip-oam-l needs about 130 kB an atom (26 edges an atom; the CPU compile's
+  temporaries, benchmarks/results/2026-11-27-cpu-model-memory.md), about 34 GB at 256,000 atoms
+  of an 80 GB H100's; before the radial MLP ran inside the conv's edge chunks it needed twice
+  that and 256,000 atoms ran out of memory on one. For another model or GPU pick
+  ``--strong-atoms`` below ``--parts largest``'s one-device result;
 * ``weak``: ``--weak-atoms`` per device on 1, 2, 4, ... devices (exchange scheme); efficiency
   ``t_1 / t_D``;
 * ``breakdown`` (with ``strong``, on the most devices): each device's share computed alone on
@@ -222,46 +229,38 @@ def device_counts(limit: int | None) -> list[int]:
     return counts
 
 
-def run_scaling(a, config, result, out) -> None:
-    params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), init(config))
+def run_scaling(a, result, out) -> None:
     counts = device_counts(a.max_devices)
     deadline = time.perf_counter() + a.max_seconds
     parts = set(a.parts.split(","))
     schemes = a.schemes.split(",")
     last_s = 0.0
 
-    def run(kind, structure, devices, scheme, breakdown=False, reference=None):
+    def run(kind, atoms, devices, scheme, breakdown=False, reference=None, save_forces=None):
         nonlocal last_s
         remaining = deadline - time.perf_counter()
-        cell = {"part": kind, "atoms": len(structure.atoms), "devices": devices, "scheme": scheme}
         if remaining < 1.2 * last_s:
-            cell["error"] = f"skipped: {remaining:.0f} s of --max-seconds left, the last cell took {last_s:.0f} s"
-            forces = None
+            cell = {"part": kind, "atoms": alloy_atoms(atoms), "devices": devices, "scheme": scheme,
+                    "error": f"skipped: {remaining:.0f} s of --max-seconds left, the last cell took {last_s:.0f} s"}  # fmt: skip
+            print(json.dumps(cell), flush=True)
         else:
             t0 = time.perf_counter()
-            try:
-                measured, forces = measure_cell(config, params, structure, devices, scheme, a.growth, breakdown, reference)
-                cell.update(measured)
-            except Exception as exc:  # noqa: BLE001  (out of memory, a failed collective: recorded)
-                cell["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
-                forces = None
-            jax.clear_caches()
+            cell = attempt(a, atoms, devices, kind, scheme, breakdown, reference, save_forces)
             last_s = time.perf_counter() - t0
             cell["cell_s"] = last_s
-        print(json.dumps({k: v for k, v in cell.items() if k != "real"}), flush=True)
         result["cells"].append(cell)
         write(result, out)
-        return cell, forces
+        return cell
 
     if "strong" in parts:
-        s = Structure.make(a.strong_atoms, config)
-        result["structures"][str(len(s.atoms))] = {"edges": len(s.edges[0]), "build_s": s.build_s}
-        one, ref_forces = run("strong", s, 1, schemes[0])
-        reference = (one["energy"], ref_forces) if "energy" in one else None
+        scratch = tempfile.mkdtemp()
+        reference = os.path.join(scratch, "one-device.npz")  # the 1-device cell's energy and forces
+        one = run("strong", a.strong_atoms, 1, schemes[0], save_forces=reference)
+        result["structures"][str(one["atoms"])] = {k: one[k] for k in ("edges", "build_s") if k in one}
         for devices in counts[1:]:
             for scheme in schemes:
-                run("strong", s, devices, scheme, breakdown="breakdown" in parts and devices == counts[-1], reference=reference)
-        del s
+                run("strong", a.strong_atoms, devices, scheme, breakdown="breakdown" in parts and devices == counts[-1],
+                    reference=reference if "error" not in one else None)  # fmt: skip
     if "weak" in parts:
         for devices in counts:
             same = [c for c in result["cells"] if c["part"] == "strong" and c["atoms"] == alloy_atoms(a.weak_atoms * devices)
@@ -270,25 +269,54 @@ def run_scaling(a, config, result, out) -> None:
                 result["cells"].append({**same[0], "part": "weak", "breakdown": None})
                 write(result, out)
                 continue
-            run("weak", Structure.make(a.weak_atoms * devices, config), devices, "exchange")
+            run("weak", a.weak_atoms * devices, devices, "exchange")
 
 
-def attempt(a, atoms: int, devices: int) -> dict:
-    """One largest-search size in a fresh process (the allocator of a process that ran other
-    sizes can be too fragmented for the largest)."""
+def attempt(a, atoms: int, devices: int, part: str = "largest", scheme: str = "exchange", breakdown: bool = False,
+            reference: str | None = None, save_forces: str | None = None) -> dict:  # fmt: skip
+    """One cell in a fresh process, killed after its timeout (``--attempt-timeout`` for a
+    largest-search size, else ``--cell-timeout``): a device out of memory (or a collective whose
+    other devices wait on it forever) costs that cell, recorded as its error, not the run; and
+    the allocator of a process that ran other sizes can be too fragmented for the largest.
+    ``reference``: an ``.npz`` of one device's energy and forces to check against;
+    ``save_forces``: where to write this cell's."""
     out = tempfile.mkdtemp()
     cmd = [sys.executable, __file__, "--attempt", str(atoms), "--max-devices", str(devices), "--model", a.model, "--out", out,
-           "--growth", str(a.growth)]  # fmt: skip
-    cmd += (["--smoke"] if a.smoke else []) + (["--backend", a.backend] if a.backend else [])
+           "--growth", str(a.growth), "--schemes", scheme, "--repeat", "1" if part == "largest" else "3"]  # fmt: skip
+    cmd += (["--smoke"] if a.smoke else []) + (["--backend", a.backend] if a.backend else []) + (["--breakdown"] if breakdown else [])
+    cmd += (["--reference", reference] if reference else []) + (["--save-forces", save_forces] if save_forces else [])
+    timeout = a.attempt_timeout if part == "largest" else a.cell_timeout
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=a.attempt_timeout)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         lines = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
         cell = lines[-1] if lines else {"error": (proc.stderr.strip().splitlines() or ["no result"])[-1][:200]}
     except subprocess.TimeoutExpired:
-        cell = {"error": f"timed out after {a.attempt_timeout} s"}
-    cell.update(part="largest", devices=devices, size=atoms)
+        cell = {"error": f"timed out after {timeout} s"}
+    cell.update(part=part, devices=devices, scheme=scheme, size=atoms)
+    cell.setdefault("atoms", alloy_atoms(atoms))
     print(json.dumps({k: v for k, v in cell.items() if k != "real"}), flush=True)
     return cell
+
+
+def run_cell(a, config) -> None:
+    """``--attempt``: one cell in this (child) process, its JSON line on stdout; an exception
+    (out of memory) is the cell's error."""
+    params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), init(config))
+    cell = {}
+    try:
+        structure = Structure.make(a.attempt, config)
+        cell.update(edges=len(structure.edges[0]), build_s=structure.build_s)
+        reference = None
+        if a.reference:
+            saved = np.load(a.reference)
+            reference = (float(saved["energy"]), saved["forces"])
+        measured, forces = measure_cell(config, params, structure, a.max_devices, a.schemes, a.growth, a.breakdown, reference, a.repeat)
+        cell.update(measured)
+        if a.save_forces:
+            np.savez(a.save_forces, energy=cell["energy"], forces=forces)
+    except Exception as exc:  # noqa: BLE001  (out of memory, a failed collective: recorded)
+        cell["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+    print(json.dumps(cell), flush=True)
 
 
 def run_largest(a, result, out) -> None:
@@ -456,7 +484,12 @@ def main():
     ap.add_argument("--largest-stop", type=int, default=8_192_000)
     ap.add_argument("--attempt-timeout", type=int, default=200, help="seconds for one largest-search size")
     ap.add_argument("--max-seconds", type=float, default=480.0, help="start no cell after this many seconds")
-    ap.add_argument("--attempt", type=int, help=argparse.SUPPRESS)  # one largest-search size (a child process)
+    ap.add_argument("--cell-timeout", type=int, default=240, help="seconds for one strong or weak cell")
+    ap.add_argument("--attempt", type=int, help=argparse.SUPPRESS)  # a child process: one cell of this size
+    ap.add_argument("--breakdown", action="store_true", help=argparse.SUPPRESS)  # a child's cell: with the breakdown
+    ap.add_argument("--repeat", type=int, default=3, help=argparse.SUPPRESS)  # a child's cell: timed repeats
+    ap.add_argument("--reference", help=argparse.SUPPRESS)  # a child's cell: one device's energy and forces (.npz) to check against
+    ap.add_argument("--save-forces", help=argparse.SUPPRESS)  # a child's cell: write its energy and forces (.npz) here
     ap.add_argument("--smoke", action="store_true", help="a tiny model and sizes on 4 host devices (a CPU check of the script)")
     ap.add_argument("--out", default=os.environ.get("OUT") or str(pathlib.Path(__file__).resolve().parent / "results"))
     a = ap.parse_args()
@@ -465,10 +498,8 @@ def main():
         if a.attempt is None:
             a.strong_atoms, a.weak_atoms, a.largest_start, a.largest_stop = 2048, 500, 500, 1000
     config = dataclasses.replace(SMOKE_MODEL if a.smoke else MODELS[a.model], backend=a.backend)
-    if a.attempt is not None:  # a child of the largest search: one cell, its JSON line on stdout
-        params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), init(config))
-        cell, _ = measure_cell(config, params, Structure.make(a.attempt, config), a.max_devices, "exchange", a.growth, repeat=1)
-        print(json.dumps(cell), flush=True)
+    if a.attempt is not None:  # a child: one cell
+        run_cell(a, config)
         return
     def new_result():
         return {
@@ -482,7 +513,7 @@ def main():
     if "largest" in parts:
         run_largest(a, new_result(), out)
     if parts - {"largest"}:
-        run_scaling(a, config, new_result(), out)
+        run_scaling(a, new_result(), out)
 
 
 if __name__ == "__main__":

@@ -260,28 +260,34 @@ class TensorProduct:
             out = autodiff.apply(kernels, x, y, self._kernel_weights(w), *graph.index_arrays, z_shape=(graph.num_nodes, dout))
         return e3nn.IrrepsArray(self.irreps_out, out) if wrap else out
 
-    def radial_conv(self, x, y, hidden, kernel, graph, *, edge_chunks: int | None = None, backend: str | None = None, kahan: bool = False):
-        """:meth:`conv` with per-edge weights ``w = hidden @ kernel`` (a radial MLP's last linear
-        layer), without the whole ``(E, weight_numel)`` weight array in memory.
+    def radial_conv(self, x, y, hidden, kernel, graph, *, hidden_fn=None, edge_chunks: int | None = None, backend: str | None = None,
+                    kahan: bool = False):  # fmt: skip
+        """:meth:`conv` with per-edge weights ``w = hidden_fn(hidden) @ kernel`` (a radial MLP),
+        without the whole ``(E, weight_numel)`` weight array in memory.
 
-        ``hidden (E, H)``: the MLP's last hidden values per edge; ``kernel (H, weight_numel)``:
-        its last layer's matrix. The edges run in ``edge_chunks`` chunks (default: enough that
-        one chunk's weights hold at most :data:`EDGE_CHUNK_VALUES` values); each chunk's
-        weights are computed, used and dropped, and recomputed for the backward
-        (``jax.checkpoint``), so the memory of a model's largest graph is set by its hidden
-        values (``H`` a edge) rather than ``weight_numel`` a edge. One chunk is plain
-        ``conv(x, y, hidden @ kernel, graph)``. The graph must be a :class:`jequi.Graph`; every
-        backend, derivative order and ``vmap`` works as for :meth:`conv`.
+        ``hidden (E, B)``: per-edge inputs of the MLP; ``hidden_fn``: its layers before the last
+        (rows ``(e, B) -> (e, H)``; None: the identity, ``hidden`` are the last hidden values);
+        ``kernel (H, weight_numel)``: its last layer's matrix. The edges run in ``edge_chunks``
+        chunks (default: enough that one chunk's weights hold at most
+        :data:`EDGE_CHUNK_VALUES` values); each chunk's hidden values and weights are computed,
+        used and dropped, and recomputed for the backward (``jax.checkpoint``), so the memory
+        of a model's largest graph is set by its ``B`` inputs a edge rather than
+        ``weight_numel`` weights (or ``H`` hidden values) a edge. One chunk is plain
+        ``conv(x, y, hidden_fn(hidden) @ kernel, graph)``. The graph must be a
+        :class:`jequi.Graph`; every backend, derivative order and ``vmap`` works as for
+        :meth:`conv`.
         """
         if not isinstance(graph, graph_lib.Graph):
             raise TypeError(f"radial_conv needs a jequi.Graph (Graph.build), got {type(graph).__name__}")
         hidden, kernel = jnp.asarray(hidden), jnp.asarray(kernel)
+        hidden_fn = (lambda h: h) if hidden_fn is None else hidden_fn
         if kernel.ndim != 2 or kernel.shape[1] != self.weight_numel:
             raise ValueError(f"kernel has shape {kernel.shape}; expected (hidden, weight_numel={self.weight_numel})")
-        if hidden.ndim != 2 or hidden.shape[1] != kernel.shape[0] or hidden.shape[0] != graph.num_edges:
-            raise ValueError(
-                f"hidden has shape {hidden.shape}; expected (edges, hidden) = ({graph.num_edges}, {kernel.shape[0]})"
-            )
+        if hidden.ndim != 2 or hidden.shape[0] != graph.num_edges:
+            raise ValueError(f"hidden has shape {hidden.shape}; expected (edges={graph.num_edges}, features)")
+        width = jax.eval_shape(hidden_fn, jax.ShapeDtypeStruct(hidden.shape, hidden.dtype)).shape
+        if width != (graph.num_edges, kernel.shape[0]):
+            raise ValueError(f"hidden_fn(hidden) has shape {width}; expected (edges, hidden) = ({graph.num_edges}, {kernel.shape[0]})")
         num_edges = graph.num_edges
         if jnp.shape(y)[0] != num_edges:  # before the chunks cut y (conv checks the rest)
             raise ValueError(f"y has {jnp.shape(y)[0]} rows but the graph has {num_edges} edges")
@@ -291,7 +297,7 @@ class TensorProduct:
             raise ValueError(f"edge_chunks must be a positive int, got {edge_chunks!r}")
         edge_chunks = min(edge_chunks, max(num_edges, 1))
         if edge_chunks == 1:
-            return self.conv(x, y, hidden @ kernel, graph, backend=backend, kahan=kahan)
+            return self.conv(x, y, hidden_fn(hidden) @ kernel, graph, backend=backend, kahan=kahan)
 
         wrap = isinstance(x, e3nn.IrrepsArray) or isinstance(y, e3nn.IrrepsArray)
         x, _ = _unwrap(x, self.irreps_in1, "x", self.descriptor.layout)
@@ -309,17 +315,23 @@ class TensorProduct:
         # consecutive edges of a graph in receiver order are in receiver order (padding last)
         graphs = dataclasses.replace(graphs, edges_sorted=graph.edges_sorted)
 
-        @functools.partial(jax.checkpoint, prevent_cse=False)
+        # prevent_cse (the default): where XLA unrolls the scan, the backward's recomputed weights
+        # must not be merged with the forward's, which would keep every chunk's until the backward
+        @jax.checkpoint
         def part(x, kernel, h, y, g):
-            return self.conv(x, y, h @ kernel, g, backend=backend, kahan=kahan)
+            return self.conv(x, y, hidden_fn(h) @ kernel, g, backend=backend, kahan=kahan)
 
         def step(out, chunk):
             return out + part(x, kernel, *chunk), None
 
         # the first chunk starts the sum: a zeros carry would not be typed as varying over the
-        # mesh axes where this runs inside shard_map (jequi.models.distributed)
+        # mesh axes where this runs inside shard_map (jequi.models.distributed), and XLA keeps
+        # one zeros array of the output's size alive from one layer's scan to the next. Its inputs
+        # pass a barrier with x, else XLA computes its weights (which read no layer's features)
+        # where the radial basis is made, and every layer's stay alive until that layer runs.
         chunks = (chunked(hidden, 0), chunked(y, 0), graphs)
-        out = part(x, kernel, *jax.tree.map(lambda a: a[0], chunks))
+        x, first = jax.lax.optimization_barrier((x, jax.tree.map(lambda a: a[0], chunks)))
+        out = part(x, kernel, *first)
         out, _ = jax.lax.scan(step, out, jax.tree.map(lambda a: a[1:], chunks))
         return e3nn.IrrepsArray(self.irreps_out, out) if wrap else out
 

@@ -323,6 +323,23 @@ def test_radial_conv_chunk_rule_and_errors(tp, monkeypatch):
     gs = jax.vmap(lambda s, r: jequi.Graph.build(s, r, 5))(np.stack([s, s]), np.stack([r, r]))
     out = jax.vmap(lambda x, y, h, g: tp.radial_conv(x, y, h, k, g, edge_chunks=2, backend="xla"))(xs, ys, hs, gs)
     assert_close(out[1], tp.conv(2 * x, -y, h @ k, g, backend="xla"), 1e-12)
+    # hidden_fn: the MLP's earlier layers run per chunk; values and gradients as conv(x, y, f(b) @ K)
+    b, w0 = rng.normal(size=(12, 2)), rng.normal(size=(2, 3))
+
+    def mlp(w0):
+        return lambda rows: jnp.tanh(rows @ w0)
+
+    def radial(x, y, w0, k):
+        return jnp.sum(tp.radial_conv(x, y, b, k, g, hidden_fn=mlp(w0), edge_chunks=3, backend="xla") ** 2)
+
+    def plain(x, y, w0, k):
+        return jnp.sum(tp.conv(x, y, mlp(w0)(b) @ k, g, backend="xla") ** 2)
+
+    assert_close(radial(x, y, w0, k), plain(x, y, w0, k), 1e-12)
+    for a, b_ in zip(jax.grad(radial, (0, 1, 2, 3))(x, y, w0, k), jax.grad(plain, (0, 1, 2, 3))(x, y, w0, k)):
+        assert_close(a, b_, 1e-10)
+    with pytest.raises(ValueError, match="hidden_fn"):
+        tp.radial_conv(x, y, b, k, g, hidden_fn=lambda rows: rows)
     with pytest.raises(ValueError, match="kernel has shape"):
         tp.radial_conv(x, y, h, k[:, :-1], g)
     with pytest.raises(ValueError, match="hidden has shape"):

@@ -1,6 +1,7 @@
 """The NequIP-style model: symmetries, forces vs finite differences, training, frameworks,
 backends, batching."""
 
+import dataclasses
 import functools
 
 import jax
@@ -175,3 +176,26 @@ def test_batches_compile_once():
     structures = data.emt_dataset(12, seed=1)
     batches = make_batches(structures, CONFIG, 4)
     assert len({jax.tree.structure(b) for b in batches}) == 1
+
+
+def test_chunked_forces_keep_no_per_edge_weights_or_hidden_values():
+    """Energy + forces of a model whose convs run in edge chunks: the compiled program's
+    temporaries stay under 1,500 floats a edge (the program that kept every layer's radial hidden
+    values and first chunk's weights until the backward needed nearly twice that:
+    benchmarks/results/2026-11-27-cpu-model-memory.md), and the values equal the unchunked model's."""
+    from jequi.models.calculator import _evaluate
+
+    config = NequIPConfig(hidden="16x0e+8x1o+8x2e", num_layers=3, radial_hidden=32, cutoff=3.8, backend="xla", edge_chunks=4)
+    atoms = bulk("Cu", "fcc", a=3.6, cubic=True).repeat(3)
+    atoms.rattle(0.05, seed=1)
+    g = jequi.graph_from_atoms(atoms, config.cutoff)
+    species, positions, cell = config.species_index(atoms.numbers), jnp.asarray(atoms.positions), jnp.asarray(atoms.cell.array)
+    p = NequIP(config).init(jax.random.key(0), species, positions, g, cell)
+    args = (species, positions, cell, g.senders, g.receivers, jnp.zeros((g.num_edges, 3)), np.ones(len(atoms), bool))
+    evaluate = jax.jit(_evaluate, static_argnums=0)
+    f32 = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32) if jnp.issubdtype(a.dtype, jnp.floating) else a, (p, *args))
+    temp = evaluate.lower(config, *f32).compile().memory_analysis().temp_size_in_bytes
+    assert temp / 4 / g.num_edges < 1500, f"{temp / 4 / g.num_edges:.0f} floats a edge"
+    chunked, whole = evaluate(config, p, *args), evaluate(dataclasses.replace(config, edge_chunks=1), p, *args)
+    for a, b in zip(chunked, whole):
+        assert_close(a, b, 1e-12)

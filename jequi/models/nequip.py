@@ -77,19 +77,26 @@ def _linear(param, name: str, x: e3nn.IrrepsArray, irreps_out) -> e3nn.IrrepsArr
     return jax.vmap(lambda v: lin(ws, v))(x)
 
 
-def _radial_mlp(param, name: str, x, sizes):
-    """The radial MLP up to its last layer: ``(hidden, kernel)`` with weights ``hidden @ kernel``
-    (the conv applies the last layer, :meth:`TensorProduct.radial_conv`)."""
-    for i, (a, b) in enumerate(zip(sizes[:-2], sizes[1:-1])):
-        x = jax.nn.silu(x @ param(f"{name}.w{i}", (a, b), 1.0) / np.sqrt(a))
+def _radial_mlp(param, name: str, sizes):
+    """The radial MLP as ``(hidden_fn, kernel)``: its layers up to the last hidden values, a
+    function of the radial basis rows, and its last layer's matrix (weights
+    ``hidden_fn(basis) @ kernel``); the conv applies both chunk by chunk of edges
+    (:meth:`TensorProduct.radial_conv`), so no per-edge hidden values outlive a chunk."""
+    ws = [param(f"{name}.w{i}", (a, b), 1.0) for i, (a, b) in enumerate(zip(sizes[:-2], sizes[1:-1]))]
+
+    def hidden_fn(x):
+        for w, a in zip(ws, sizes[:-2]):
+            x = jax.nn.silu(x @ w / np.sqrt(a))
+        return x / np.sqrt(sizes[-2])
+
     last = len(sizes) - 2
-    return x / np.sqrt(sizes[-2]), param(f"{name}.w{last}", tuple(sizes[-2:]), 1.0)
+    return hidden_fn, param(f"{name}.w{last}", tuple(sizes[-2:]), 1.0)
 
 
-def _convolve(config: NequIPConfig, tp: TensorProduct, x, sh, hidden, kernel, graph: Graph):
+def _convolve(config: NequIPConfig, tp: TensorProduct, x, sh, radial, hidden_fn, kernel, graph: Graph):
     if config.conv == "jequi":
-        return tp.radial_conv(x, sh, hidden, kernel, graph, edge_chunks=config.edge_chunks, backend=config.backend)
-    weights = hidden @ kernel
+        return tp.radial_conv(x, sh, radial, kernel, graph, hidden_fn=hidden_fn, edge_chunks=config.edge_chunks, backend=config.backend)
+    weights = hidden_fn(radial) @ kernel
     if callable(config.conv):
         return config.conv(tp, x, sh, weights, graph)
     if config.conv == "e3nn":  # what jequi replaces: an |E| x out.dim buffer and a scatter
@@ -130,8 +137,8 @@ def atomic_energies(param, config: NequIPConfig, species, positions, graph: Grap
         if exchange is not None:
             x = e3nn.IrrepsArray(x.irreps, exchange(x.array))
         tp = _conv_tp(str(x.irreps), str(sh_irreps), str(hidden))
-        hidden_r, kernel = _radial_mlp(param, f"layer{layer}.radial", radial, (config.num_basis, config.radial_hidden, tp.weight_numel))
-        message = _convolve(config, tp, x, sh, hidden_r, kernel, graph) / np.sqrt(config.avg_num_neighbors)
+        hidden_fn, kernel = _radial_mlp(param, f"layer{layer}.radial", (config.num_basis, config.radial_hidden, tp.weight_numel))
+        message = _convolve(config, tp, x, sh, radial, hidden_fn, kernel, graph) / np.sqrt(config.avg_num_neighbors)
         gated = hidden.filter(drop=["0e", "0o"])
         gate_irreps = e3nn.Irreps(f"{hidden.count('0e') + gated.num_irreps}x0e") + gated
         update = e3nn.gate(_linear(param, f"layer{layer}.down", message, gate_irreps))
