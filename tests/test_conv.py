@@ -203,7 +203,9 @@ def test_backward_in_chunks_of_paths(chunks, part, shared, second_order, fresh_k
     backend = pallas_backend(backward_chunks=chunks)
     monkeypatch.setattr(jequi.graph, "MIN_PART_EDGES", part)
     monkeypatch.setattr(jequi.graph, "HUB_FACTOR", 0)
-    tp = jequi.channelwise("3x0e+4x1o+2x2e", "0e+1o+2e", "3x0e+4x1o+2x2e+2x3o")
+    # 5 paths (interpreted kernels compile per path): x segment 1o's chunks hold 2 paths and 1
+    # (chunks=2) or 1, 1, 1 (chunks=3, where 0e's group has 2 chunks of 3 partials)
+    tp = jequi.channelwise("2x0e+2x1o", "0e+1o", "0e+1o+1e")
     programs, partials = heuristics.conv_backward_programs(tp.descriptor.trilinear, pallas_kernels.Config(backward_chunks=chunks))
     assert partials == chunks and (chunks == 2 or min(n for *_, n in programs) < partials)
     rng = np.random.default_rng(4)
