@@ -48,6 +48,13 @@ if ON_GPU:
 
 TOL = {np.float32: 5e-5, np.float64: 1e-11}
 
+# A channelwise product of 5 paths (uvu: 13, up to l = 3) for the tests of how kernels split
+# (groups, windows, row parts, output groups, partial gradients): interpreted kernels compile
+# per path, and those tests are about the split, not the product. Three x windows of 2 channels
+# (windows=4) cover 3x0e fully, partly and not at all, as uvu's do; two x segments, two
+# groups of outputs at one accumulator register. On the GPU the tests run uvu.
+SPLIT_UVU = PROBLEMS["uvu"] if ON_GPU else lambda: jequi.channelwise("3x0e+5x1o", "0e+1o", "0e+1o+1e")
+
 # For these problems, in interpret mode the dtype changes only the forward's output groups
 # (forward_groups) and the backward's row blocks (one at BATCH rows either way), and shared weights
 # only the weights' loads and gw's sum over rows: there a mode runs per-row weights in float64 and
@@ -137,7 +144,7 @@ def test_conv_ir_mul_warps(dtype):
 def test_conv_output_groups_and_determinism():
     """Wide outputs are split over programs (here forced to many); the result is
     the same, and bitwise the same from run to run."""
-    tp = PROBLEMS["uvu"]()
+    tp = SPLIT_UVU()
     config = pallas_kernels.Config(accumulator_registers=1)
     backend = pallas_backend(accumulator_registers=1)
     desc = tp.descriptor.trilinear
@@ -280,7 +287,7 @@ def _check_second_order(name, op, shared, spec, config=pallas_kernels.DEFAULT):
 def test_backward_computes_only_what_is_needed(name):
     """A backward asked for one of (gx, gy, gw) returns it (as the full backward does) and
     None for the others, for the batched product and the conv."""
-    tp = PROBLEMS[name]()
+    tp = SPLIT_UVU() if name == "uvu" else PROBLEMS[name]()
     desc = tp.descriptor.trilinear
     x, y, _ = random_inputs(tp, BATCH)
     rng = np.random.default_rng(4)
@@ -314,7 +321,7 @@ def _split_backward_matches(name, shared, seed, knob, split, whole, programs):
     """The batched backward with the knob `knob` of :class:`pallas_kernels.Config` set to
     `split` (``programs(desc, dtype, config)`` then lists more than one program) gives, at
     first order and in the fused second order, what it gives with `whole`."""
-    tp = PROBLEMS[name]()
+    tp = SPLIT_UVU() if name == "uvu" else PROBLEMS[name]()
     desc = tp.descriptor.trilinear
     rng = np.random.default_rng(seed)
     x, y, gz, ggx, ggy = (rng.normal(size=(BATCH, d)) for d in desc.dims[:2] + desc.dims[2:] + desc.dims[:2])
@@ -412,7 +419,7 @@ def test_conv_row_parts(fresh_kernels, monkeypatch):
     from run to run."""
     monkeypatch.setattr(jequi.graph, "MIN_PART_EDGES", 2)
     monkeypatch.setattr(jequi.graph, "HUB_FACTOR", 0)
-    tp = PROBLEMS["uvu"]()
+    tp = SPLIT_UVU()
     rng = np.random.default_rng(6)
     n, e = (300, 5000) if ON_GPU else (6, 14)
     s, r = rng.integers(0, n - 2, e), rng.integers(0, n - 2, e)
