@@ -33,6 +33,7 @@ import jax
 # The kernel packages' ops modules, not their packages: those import jequi's core modules, so
 # importing them first (``import ffi`` before ``import jequi``) must not need this registry done.
 from ffi import ops as ffi_ops
+from ffi import schedule as ffi_schedule
 from pallas_kernels import ops as pallas_ops
 
 from . import kernels, xla
@@ -175,7 +176,7 @@ def default_backend(desc=None, shared_weights: bool = False, conv: bool = False)
     if desc is None:
         return "pallas"
     runs = _cuda_runs(desc)
-    if conv and runs and ffi.schedule.backward_footprint(desc) <= CUDA_FOOTPRINT and min(p.mul_in1 for p in desc.active_paths) >= CUDA_CONV_MIN_CHANNELS:
+    if conv and runs and ffi_schedule.backward_footprint(desc) <= CUDA_FOOTPRINT and min(p.mul_in1 for p in desc.active_paths) >= CUDA_CONV_MIN_CHANNELS:
         return "cuda"
     try:
         BACKENDS["pallas"].check(desc)
