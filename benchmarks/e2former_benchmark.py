@@ -46,6 +46,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 from jequi.models import E2Former, E2FormerConfig, neighbor_list  # noqa: E402
 from jequi.models.e2former import init_params, tile_origins  # noqa: E402
+from md_benchmark import cu_supercell  # noqa: E402
 from timing import save, timed  # noqa: E402
 
 PRESETS = {
@@ -54,16 +55,6 @@ PRESETS = {
                                radial_hidden=64),  # fmt: skip
     "smoke": E2FormerConfig(hidden="8x0e+4x1o+4x2e", heads=2, head_dim=4, num_basis=4, radial_hidden=8, qk_hidden=8, cutoff=3.0),
 }
-
-
-def cu_supercell(atoms_wanted: int, seed: int = 0):
-    """fcc Cu (a = 3.61 Å), the cubic cell repeated n^3 times with 4 n^3 nearest `atoms_wanted`."""
-    from ase.build import bulk
-
-    n = max(1, round((atoms_wanted / 4) ** (1 / 3)))
-    atoms = bulk("Cu", "fcc", a=3.61, cubic=True).repeat((n, n, n))
-    atoms.rattle(0.02, seed=seed)
-    return atoms
 
 
 def edges(atoms, cutoff):

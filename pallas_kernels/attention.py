@@ -158,6 +158,20 @@ def _slot_block(p, nbr_ref, i, t, bk: int, n_src: int):
     return slot, in_row, edge, jnp.where(valid, j, 0), valid
 
 
+def _recomputed_edges(p, k_ref, v_ref, edge_refs, qi, lse_i, j, edge, heads, h: int, valid, acc):
+    """A backward or tangent kernel's step: the gathered ``k_j``, ``v_j``, the edges' scalars,
+    ``q_i . k_j``, the logits and ``P0 = exp(s - lse)`` (0 on invalid slots), recomputed from
+    the forward's ``lse`` rather than stored."""
+    kj = _row_block(k_ref, j, heads, h, p.d, p.dp, valid, acc)
+    vj = _row_block(v_ref, j, heads, h, p.dv, p.dvp, valid, acc)
+    ev = _edge_block(edge_refs, p, edge, heads, valid, acc)
+    qk = jnp.sum(qi[None] * kj, axis=2)
+    s = _logits(p, qk, ev)
+    vmask = valid[:, None]
+    P0 = jnp.where(vmask, jnp.exp(jnp.where(vmask, s, 0.0) - lse_i[None, :]), 0.0)
+    return kj, vj, ev, qk, s, P0
+
+
 def _row_block(ref, row, heads, num_heads: int, width: int, padded: int, valid, dtype):
     """``ref[row, heads, :width]`` of a flat ``[rows, num_heads, width]`` array, as an array of
     shape ``row.shape + (BH, padded)`` in `dtype`, zero past `width` and where not `valid`."""
@@ -424,13 +438,7 @@ def backward_targets(q, k, v, nbr, edges, lse, amax, dout, delta, *, p: Problem,
 
         def step(t, dq):
             slot, in_row, edge, j, valid = _slot_block(p, nbr_ref, i, t, bk, n_src)
-            kj = _row_block(k_ref, j, heads, h, p.d, p.dp, valid, acc)
-            vj = _row_block(v_ref, j, heads, h, p.dv, p.dvp, valid, acc)
-            ev = _edge_block(edge_refs, p, edge, heads, valid, acc)
-            qk = jnp.sum(qi[None] * kj, axis=2)
-            s = _logits(p, qk, ev)
-            vmask = valid[:, None]
-            P0 = jnp.where(vmask, jnp.exp(jnp.where(vmask, s, 0.0) - lse_i[None, :]), 0.0)
+            kj, vj, ev, qk, s, P0 = _recomputed_edges(p, k_ref, v_ref, edge_refs, qi, lse_i, j, edge, heads, h, valid, acc)
             dpu = jnp.sum(doi[None] * vj, axis=2)
             P, ds, eg = _edge_step(p, s, qk, ev, P0, dpu, delta_i[None, :], slot[:, None], amax_i[None, :])
             dsg = _times(ds, ev[G]) * p.scale
@@ -639,14 +647,8 @@ def tangent(q, k, v, nbr, edges, out, lse, amax, tangents, *, p: Problem, config
         def step(t, carry):
             a, sdp, extra = carry
             slot, in_row, edge, j, valid = _slot_block(p, nbr_ref, i, t, bk, n_src)
-            kj = _row_block(k_ref, j, heads, h, p.d, p.dp, valid, acc)
-            vj = _row_block(v_ref, j, heads, h, p.dv, p.dvp, valid, acc)
-            ev = _edge_block(edge_refs, p, edge, heads, valid, acc)
+            kj, vj, ev, qk, s, P0 = _recomputed_edges(p, k_ref, v_ref, edge_refs, qi, lse_i, j, edge, heads, h, valid, acc)
             tv = _edge_block(tedge_refs, tp, edge, heads, valid, acc)
-            qk = jnp.sum(qi[None] * kj, axis=2)
-            s = _logits(p, qk, ev)
-            vmask = valid[:, None]
-            P0 = jnp.where(vmask, jnp.exp(jnp.where(vmask, s, 0.0) - lse_i[None, :]), 0.0)
             P = _times(P0, ev[E])
             dqk = None
             if dqi is not None:
