@@ -5,8 +5,11 @@
 if [ -d /tmp/peers_oeq ] && [ -d /tmp/peers ]; then
   export PYTHONPATH=/tmp/peers_oeq:/tmp/oeq/openequivariance-0.7.0:/tmp/peers:${PYTHONPATH:-}
   export OEQ_NOTORCH=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
-elif [ -d .peers ]; then
+elif [ -f .peers/setup_peers.sh ]; then
   source .peers/setup_peers.sh
+elif ls .peers/*.whl >/dev/null 2>&1; then  # only some of the peers' wheels carried (no OpenEquivariance build)
+  [ -d /tmp/peers ] || python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/peers .peers/*.whl
+  export PYTHONPATH=/tmp/peers:${PYTHONPATH:-}
 fi
 # What the tests need that the image lacks, where .whl is carried (benchmarks/fetch_test_wheels.sh).
 if [ -d .whl ]; then

@@ -25,7 +25,9 @@ recorded as its error, and the run goes on. Each cell is one energy + forces + v
   sharded step (waiting for the slowest device, synchronisation);
 * ``largest``: each size in a fresh process (``--attempt``): on one device doubling from
   ``--largest-start`` until a size fails, then one size between the last two; on the most
-  devices ``D x`` that, else 3.5x (the target), so a handful of attempts.
+  devices ``D x`` that, else 3.5x (the target), so a handful of attempts. ``--largest-one``
+  takes the one-device result of an earlier run (one GPU's job, ``benchmarks/parallel_run.sh``)
+  and runs only the multi-device attempts.
 
 Every cell stops being started once ``--max-seconds`` have passed; a largest attempt is killed
 after ``--attempt-timeout``. Writes ``<date>-<device>-scaling[-largest].{json,md}`` (and a PNG
@@ -337,6 +339,9 @@ def run_largest(a, result, out) -> None:
         return cell
 
     fits, fails, size = None, None, a.largest_start
+    if a.largest_one:  # measured by an earlier run (e.g. a one-GPU job): only the multi-device attempts
+        fits, size = a.largest_one, a.largest_stop + 1
+        found["1"] = {"fits": fits, "fails": None, "error": None, "note": "--largest-one (an earlier run's)"}
     while size <= a.largest_stop:
         if (cell := go(size, 1)) is None:
             return
@@ -344,7 +349,7 @@ def run_largest(a, result, out) -> None:
             fails, error = size, cell["error"]
             break
         fits, size = cell["atoms"], size * 2
-    found["1"] = {"fits": fits, "fails": fails, "error": error if fails else None}
+    found.setdefault("1", {"fits": fits, "fails": fails, "error": error if fails else None})
     if fits and fails:
         between = int((fits * fails) ** 0.5)
         if (cell := go(between, 1)) is None:
@@ -482,6 +487,7 @@ def main():
                          "pads up to 25 %% on one device and on many)")  # fmt: skip
     ap.add_argument("--largest-start", type=int, default=256_000)
     ap.add_argument("--largest-stop", type=int, default=8_192_000)
+    ap.add_argument("--largest-one", type=int, help="atoms: the one-device largest an earlier run found (skips that search)")
     ap.add_argument("--attempt-timeout", type=int, default=200, help="seconds for one largest-search size")
     ap.add_argument("--max-seconds", type=float, default=480.0, help="start no cell after this many seconds")
     ap.add_argument("--cell-timeout", type=int, default=240, help="seconds for one strong or weak cell")
