@@ -12,8 +12,8 @@ source benchmarks/model_env.sh
 nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpus.log"
 i=0
 for job in "$@"; do
-  mkdir -p "$OUT/gpu$i"
-  ( export CUDA_VISIBLE_DEVICES=$i OUT="$OUT/gpu$i"; bash -c "$job" >"$OUT/gpu$i/job.log" 2>&1; echo "exit $?" >>"$OUT/gpu$i/job.log" ) &
+  dir="$OUT/gpu$i"; mkdir -p "$dir"
+  ( export CUDA_VISIBLE_DEVICES=$i OUT="$dir"; bash -c "$job" >"$dir/job.log" 2>&1; echo "exit $?" >>"$dir/job.log" ) &
   i=$((i + 1))
 done
 wait
