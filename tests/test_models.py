@@ -171,11 +171,34 @@ def test_unknown_element_is_a_clear_error():
 
 
 def test_batches_compile_once():
-    """Every batch of make_batches has one static structure (a batch without padding edges in
-    receiver order would otherwise be a second compilation of the training step)."""
-    structures = data.emt_dataset(12, seed=1)
+    """Every batch of make_batches has one static structure and the same shapes, the smaller
+    last batch included (a batch without padding edges in receiver order, or one with fewer
+    structure slots, would otherwise be a second compilation of the training step)."""
+    structures = data.emt_dataset(10, seed=1)
     batches = make_batches(structures, CONFIG, 4)
-    assert len({jax.tree.structure(b) for b in batches}) == 1
+    assert len(batches) == 3 and len({jax.tree.structure(b) for b in batches}) == 1
+    shapes = {tuple(a.shape for a in jax.tree.leaves(b)) for b in batches}
+    assert len(shapes) == 1
+    assert [int(jnp.sum(b.num_atoms > 0)) for b in batches] == [4, 4, 2]
+
+
+def test_padding_structures_do_not_count_in_the_loss():
+    """A batch padded with empty structures (make_batches' last batch) has the loss, metrics and
+    gradients of the same structures unpadded."""
+    structures = data.emt_dataset(2, seed=3)
+    p = params()
+    plain = data.batch(structures, CONFIG)
+    padded = data.batch(structures, CONFIG, n_node=plain.species.shape[0] + 5, n_edge=plain.graph.num_edges + 7, n_graph=5)
+    assert padded.num_atoms.shape == (5,) and int(padded.num_atoms[2:].sum()) == 0
+    f = jax.jit(jax.value_and_grad(lambda p, b: errors(p, CONFIG, b), has_aux=True))
+    (loss, metrics), grads = f(p, plain)
+    (loss_p, metrics_p), grads_p = f(p, padded)
+    assert_close(loss_p, loss, 1e-12)
+    for k in ("energy_mae", "force_mae"):
+        assert_close(metrics_p[k], metrics[k], 1e-12)
+    jax.tree.map(lambda a, b: assert_close(a, b, 1e-10), grads_p, grads)
+    with pytest.raises(ValueError, match="structure slots"):
+        data.batch(structures, CONFIG, n_graph=1)
 
 
 def test_chunked_forces_keep_no_per_edge_weights_or_hidden_values():

@@ -138,11 +138,15 @@ def structure_edges(structures: list[Structure], cutoff: float) -> list[tuple]:
 
 
 def batch(
-    structures: list[Structure], config, n_node: int | None = None, n_edge: int | None = None, edges=None
+    structures: list[Structure], config, n_node: int | None = None, n_edge: int | None = None, edges=None,
+    n_graph: int | None = None,
 ) -> Batch:
     """Concatenate `structures` into one padded graph of `n_node` nodes and `n_edge` edges
     (default: exactly what they need), for a model with `config` (cutoff and species).
-    `edges`: their :func:`structure_edges` at ``config.cutoff``, when already built."""
+    `edges`: their :func:`structure_edges` at ``config.cutoff``, when already built.
+    `n_graph`: structure slots (default: ``len(structures)``); the extra ones are padding
+    structures with no atoms and zero energy, so a smaller batch keeps the shape of the others
+    (the training step compiles once) and the loss skips them (``num_atoms == 0``)."""
     if edges is None:
         edges = structure_edges(structures, config.cutoff)
     senders, receivers, shifts, offset = [], [], [], 0
@@ -154,8 +158,13 @@ def batch(
     senders, receivers, shifts = (np.concatenate(a) if a else np.zeros((0,)) for a in (senders, receivers, shifts))
     n_node = offset if n_node is None else n_node
     n_edge = len(senders) if n_edge is None else n_edge
-    if offset > n_node or len(senders) > n_edge:
-        raise ValueError(f"the structures need {offset} nodes and {len(senders)} edges; the batch has {n_node}, {n_edge}")
+    n_graph = len(structures) if n_graph is None else n_graph
+    if offset > n_node or len(senders) > n_edge or len(structures) > n_graph:
+        raise ValueError(
+            f"the structures need {offset} nodes, {len(senders)} edges and {len(structures)} structure slots; "
+            f"the batch has {n_node}, {n_edge}, {n_graph}"
+        )
+    pad_g = n_graph - len(structures)
     pad_e = n_edge - len(senders)
     senders = np.concatenate([senders, -np.ones(pad_e)]).astype(np.int32)
     receivers = np.concatenate([receivers, -np.ones(pad_e)]).astype(np.int32)
@@ -163,7 +172,8 @@ def batch(
     pad_n = n_node - offset
     positions = np.concatenate([s.positions for s in structures] + [np.zeros((pad_n, 3))])
     species = np.concatenate([config.species_index(s.numbers) for s in structures] + [np.zeros(pad_n, np.int32)])
-    node_graph = np.concatenate([np.full(len(s.numbers), i) for i, s in enumerate(structures)] + [np.full(pad_n, len(structures))])
+    # padding nodes belong to no structure: index n_graph is dropped by the per-structure sums
+    node_graph = np.concatenate([np.full(len(s.numbers), i) for i, s in enumerate(structures)] + [np.full(pad_n, n_graph)])
     forces = np.concatenate([s.forces for s in structures] + [np.zeros((pad_n, 3))])
     return Batch(
         species=jnp.asarray(species),
@@ -172,7 +182,7 @@ def batch(
         cell=jnp.eye(3),
         node_graph=jnp.asarray(node_graph, jnp.int32),
         node_mask=jnp.asarray(np.arange(n_node) < offset),
-        num_atoms=jnp.asarray([len(s.numbers) for s in structures]),
-        energy=jnp.asarray([s.energy for s in structures]),
+        num_atoms=jnp.asarray([len(s.numbers) for s in structures] + [0] * pad_g),
+        energy=jnp.asarray([s.energy for s in structures] + [0.0] * pad_g),
         forces=jnp.asarray(forces),
     )

@@ -21,18 +21,7 @@ from jax.sharding import PartitionSpec as P
 from .data import Batch, Structure, batch, structure_edges
 from .distributed import AXIS, CHECK_VMA, device_mesh
 from .nequip import NequIPConfig
-from .train import predict
-
-
-def _pad_structures(b: Batch, num_graphs: int) -> Batch:
-    """`b` with padding structures (no atoms, zero energy) up to `num_graphs`."""
-    pad = num_graphs - b.energy.shape[0]
-    return dataclasses.replace(
-        b,
-        node_graph=jnp.where(b.node_mask, b.node_graph, num_graphs).astype(jnp.int32),
-        num_atoms=jnp.concatenate([b.num_atoms.astype(jnp.int32), jnp.zeros(pad, jnp.int32)]),
-        energy=jnp.concatenate([b.energy.astype(b.positions.dtype), jnp.zeros(pad, b.positions.dtype)]),
-    )
+from .train import errors
 
 
 def sharded_batches(structures: list[Structure], config: NequIPConfig, batch_size: int, devices: int) -> list[Batch]:
@@ -55,22 +44,11 @@ def sharded_batches(structures: list[Structure], config: NequIPConfig, batch_siz
     subs = []
     for parts in groups:
         for part in parts:
-            b = batch([structures[i] for i in part], config, n_node, n_edge, [edges[i] for i in part])
-            subs.append(_pad_structures(dataclasses.replace(b, graph=dataclasses.replace(b.graph, edges_sorted=False)), num_graphs))
+            b = batch([structures[i] for i in part], config, n_node, n_edge, [edges[i] for i in part], num_graphs)
+            subs.append(dataclasses.replace(b, graph=dataclasses.replace(b.graph, edges_sorted=False)))
     if hasattr(config, "prepare_batches"):  # another model's graph structure, one shape for all (E2Former: Neighbors)
         subs = config.prepare_batches(subs)
     return [jax.tree.map(lambda *leaves: jnp.stack(leaves), *subs[i : i + devices]) for i in range(0, len(subs), devices)]
-
-
-def _partial_errors(params, config: NequIPConfig, b: Batch, energy_weight, force_weight, num_graphs, num_atoms):
-    """This device's terms of :func:`jequi.models.train.errors` over the whole batch (means
-    divided by the whole batch's `num_graphs` and `num_atoms`), and its metric sums."""
-    energies, forces = predict(params, config, b)
-    real = b.num_atoms > 0
-    de = jnp.where(real, (energies - b.energy) / jnp.where(real, b.num_atoms, 1), 0.0)
-    df = (forces - b.forces) * b.node_mask[:, None]
-    loss = energy_weight * jnp.sum(de**2) / num_graphs + force_weight * jnp.sum(df**2) / (3 * num_atoms)
-    return loss, {"loss": loss, "energy_mae": jnp.sum(jnp.abs(de)) / num_graphs, "force_mae": jnp.sum(jnp.abs(df)) / (3 * num_atoms)}
 
 
 def sharded_loss_and_grad(params, config: NequIPConfig, b: Batch, energy_weight=1.0, force_weight=1.0):
@@ -80,7 +58,7 @@ def sharded_loss_and_grad(params, config: NequIPConfig, b: Batch, energy_weight=
     num_graphs = jax.lax.psum(jnp.sum(b.num_atoms > 0), AXIS).astype(b.positions.dtype)
     num_atoms = jax.lax.psum(jnp.sum(b.node_mask), AXIS).astype(b.positions.dtype)
     params = jax.tree.map(lambda p: jax.lax.pcast(p, AXIS, to="varying"), params)  # this device's gradient
-    grads, metrics = jax.grad(_partial_errors, has_aux=True)(params, config, b, energy_weight, force_weight, num_graphs, num_atoms)
+    grads, metrics = jax.grad(errors, has_aux=True)(params, config, b, energy_weight, force_weight, num_graphs, num_atoms)
     return jax.lax.psum((grads, metrics), AXIS)
 
 

@@ -39,14 +39,20 @@ def predict(params, config: NequIPConfig, b: Batch):
     return energies, -grad
 
 
-def errors(params, config, b: Batch, energy_weight: float = 1.0, force_weight: float = 1.0):
-    """``(loss, metrics)``: weighted MSE of energy per atom and force components; MAEs."""
+def errors(params, config, b: Batch, energy_weight: float = 1.0, force_weight: float = 1.0, num_graphs=None, num_atoms=None):
+    """``(loss, metrics)``: weighted MSE of energy per atom and force components; MAEs. Padding
+    structures (``num_atoms == 0``, :func:`~jequi.models.data.batch`'s ``n_graph``) count for
+    nothing. The means divide by `num_graphs` structures and `num_atoms` atoms, by default the
+    batch's own; data-parallel training passes the whole batch's, so that the devices' losses sum
+    to it (:mod:`jequi.models.data_parallel`)."""
     energies, forces = predict(params, config, b)
-    de = (energies - b.energy) / b.num_atoms
+    real = b.num_atoms > 0
+    de = jnp.where(real, (energies - b.energy) / jnp.where(real, b.num_atoms, 1), 0.0)
     df = (forces - b.forces) * b.node_mask[:, None]
-    n = 3 * jnp.sum(b.node_mask)
-    loss = energy_weight * jnp.mean(de**2) + force_weight * jnp.sum(df**2) / n
-    return loss, {"loss": loss, "energy_mae": jnp.mean(jnp.abs(de)), "force_mae": jnp.sum(jnp.abs(df)) / n}
+    num_graphs = jnp.sum(real) if num_graphs is None else num_graphs
+    n = 3 * (jnp.sum(b.node_mask) if num_atoms is None else num_atoms)
+    loss = energy_weight * jnp.sum(de**2) / num_graphs + force_weight * jnp.sum(df**2) / n
+    return loss, {"loss": loss, "energy_mae": jnp.sum(jnp.abs(de)) / num_graphs, "force_mae": jnp.sum(jnp.abs(df)) / n}
 
 
 def fit_species_shift(config: NequIPConfig, structures: list[Structure]) -> np.ndarray:
@@ -57,8 +63,9 @@ def fit_species_shift(config: NequIPConfig, structures: list[Structure]) -> np.n
 
 
 def make_batches(structures, config, batch_size: int):
-    """Batches of `batch_size` structures (the last may hold fewer), all padded to one shape (one
-    compilation): the most atoms and the most edges that any one batch holds. Padding to
+    """Batches of `batch_size` structures (the last may hold fewer, padded with empty structures),
+    all padded to one shape (one compilation): the most atoms and the most edges that any one
+    batch holds. Padding to
     ``batch_size x`` the largest structure instead left most of a batch's edges padding, and
     the model's per-edge work (radial MLP, spherical harmonics) runs on those too
     (benchmarks/results/2026-11-27-model-step-notes.md; docs/tuning.md#train-make_batches)."""
@@ -66,7 +73,8 @@ def make_batches(structures, config, batch_size: int):
     starts = range(0, len(structures), batch_size)
     n_atoms = max(sum(len(s.numbers) for s in structures[i : i + batch_size]) for i in starts)
     n_edges = max(sum(len(e[0]) for e in edges[i : i + batch_size]) for i in starts)
-    batches = [batch(structures[i : i + batch_size], config, n_atoms, n_edges, edges[i : i + batch_size]) for i in starts]
+    n_graph = min(batch_size, len(structures))
+    batches = [batch(structures[i : i + batch_size], config, n_atoms, n_edges, edges[i : i + batch_size], n_graph) for i in starts]
     # A batch without padding edges may be in receiver order (Graph.edges_sorted, a static
     # field): one value for all keeps them one compilation.
     if len({b.graph.edges_sorted for b in batches}) > 1:
@@ -103,7 +111,7 @@ def evaluate(params, config, batches) -> dict:
     e = f = atoms = graphs = 0.0
     for b in batches:
         m = _metrics(params, config, b)
-        k, n = float(b.num_atoms.shape[0]), float(jnp.sum(b.node_mask))
+        k, n = float(jnp.sum(b.num_atoms > 0)), float(jnp.sum(b.node_mask))
         e, f, graphs, atoms = e + float(m["energy_mae"]) * k, f + float(m["force_mae"]) * n, graphs + k, atoms + n
     return {"energy_mae": e / graphs, "force_mae": f / atoms}
 
