@@ -24,6 +24,9 @@ alone, jitted with its real inputs (median, blocked): the forward kernel, ``delt
 query pass, or the atomic backward's target pass, and the whole ``kernels.backward`` (without
 ``delta``; its excess over its stages is XLA glue: casts, reshapes, slices); rows with mode
 ``stage``, the stage and its ratio to the forward kernel in the note.
+``--configs``: with ``--profile``, the backward's main kernel (source pass, or atomic target
+pass) timed again under each given launch configuration (``AttentionConfig`` fields), a
+tuning sweep of the kernel that dominates the backward.
 
 Writes ``<date>-<device>-attention.{json,md}`` into --out (and $OUT) after every cell.
 ``--smoke``: tiny sizes (CPU, Pallas in interpret mode), to check the script.
@@ -34,6 +37,7 @@ Writes ``<date>-<device>-attention.{json,md}`` into --out (and $OUT) after every
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import math
@@ -117,9 +121,11 @@ def device_limit() -> int | None:
     return stats.get("bytes_limit")
 
 
-def stage_fns(method: str, q, k, v, nbr, env, c, scale: float):
+def stage_fns(method: str, q, k, v, nbr, env, c, scale: float, configs=()):
     """``[(stage, jitted fn, args)]``: the stages of the fused forward+backward of
-    :func:`method_fn` (gradients in q, k, v), each with the real inputs it gets there."""
+    :func:`method_fn` (gradients in q, k, v), each with the real inputs it gets there; and for
+    each of `configs` (``AttentionConfig`` fields as dicts) the backward's main kernel again
+    (the source pass, or the atomic target pass) launched with it."""
     n, h, d = q.shape
     p = kernels.Problem(h, d, v.shape[2], nbr.shape[1], (None, None, 1, None), scale, EPS)
     edges = (None, None, env[..., None], None)
@@ -136,6 +142,11 @@ def stage_fns(method: str, q, k, v, nbr, env, c, scale: float):
         targets = jax.jit(lambda q, k, v, nbr, env, *st: kernels.backward_targets(
             q, k, v, nbr, (None, None, env, None), *st, p=p, needs=needs, atomic=True, config=cfg))  # fmt: skip
         stages.append(("targets (atomic dk, dv)", targets, (q, k, v, nbr, env[..., None], *stats)))
+        for fields in configs:
+            alt = dataclasses.replace(cfg, **fields)
+            fn = jax.jit(lambda q, k, v, nbr, env, *st, alt=alt: kernels.backward_targets(
+                q, k, v, nbr, (None, None, env, None), *st, p=p, needs=needs, atomic=True, config=alt))  # fmt: skip
+            stages.append((f"targets {config_label(fields)}", fn, (q, k, v, nbr, env[..., None], *stats)))
     else:
         transpose = jax.jit(lambda nbr: kernels.transposed_neighbors(nbr, n))
         order, offsets = transpose(nbr)
@@ -148,16 +159,42 @@ def stage_fns(method: str, q, k, v, nbr, env, c, scale: float):
             ("sources (dk, dv, coef)", sources, (q, k, v, nbr, env[..., None], *stats, order, offsets)),
             ("queries (dq)", queries, (k, nbr, coef)),
         ]  # fmt: skip
+        for fields in configs:
+            alt = dataclasses.replace(cfg, **fields)
+            fn = jax.jit(lambda q, k, v, nbr, env, *st, alt=alt: kernels.backward_sources(
+                q, k, v, nbr, (None, None, env, None), *st, p=p, needs=needs, config=alt))  # fmt: skip
+            stages.append((f"sources {config_label(fields)}", fn, (q, k, v, nbr, env[..., None], *stats, order, offsets)))
     whole = jax.jit(lambda q, k, v, nbr, env, *st: kernels.backward(
         q, k, v, nbr, (None, None, env, None), *st, p=p, needs=needs, atomic=atomic, config=cfg))  # fmt: skip
     stages.append(("backward (all)", whole, (q, k, v, nbr, env[..., None], *stats)))
     return stages
 
 
-def profile(method: str, inputs, scale: float, repeat: int) -> dict:
+def config_label(fields: dict) -> str:
+    """``[block_edges=8 num_warps=8]``: a launch configuration in a stage's name."""
+    return "[" + " ".join(f"{k}={v}" for k, v in sorted(fields.items())) + "]"
+
+
+def parse_configs(text: str | None) -> list[dict]:
+    """``--configs``: ``AttentionConfig`` fields, one configuration per ``;``-separated item
+    (``block_edges=8,num_warps=8;block_heads=8``)."""
+    names = {f.name for f in dataclasses.fields(kernels.AttentionConfig)}
+    configs = []
+    for item in filter(None, (text or "").split(";")):
+        fields = {}
+        for pair in item.split(","):
+            key, _, value = pair.partition("=")
+            if key.strip() not in names or not value.strip().isdigit():
+                raise SystemExit(f"--configs: {pair!r} is not <AttentionConfig field>=<int> (fields: {sorted(names)})")
+            fields[key.strip()] = int(value)
+        configs.append(fields)
+    return configs
+
+
+def profile(method: str, inputs, scale: float, repeat: int, configs=()) -> dict:
     """Each stage of :func:`stage_fns` timed alone: ``{stage: {ms, footprint_bytes}}``."""
     result = {}
-    for stage, fn, args in stage_fns(method, *inputs, scale):
+    for stage, fn, args in stage_fns(method, *inputs, scale, configs):
         entry = {}
         try:
             compiled = fn.lower(*args).compile()
@@ -170,7 +207,7 @@ def profile(method: str, inputs, scale: float, repeat: int) -> dict:
     return result
 
 
-def measure(method: str, n: int, k: int, h: int, d: int, dv: int, repeat: int, stages: bool = False) -> dict:
+def measure(method: str, n: int, k: int, h: int, d: int, dv: int, repeat: int, stages: bool = False, configs=()) -> dict:
     """Forward and forward+backward of one method on one cell (with `stages`, and for the
     fused methods, also :func:`profile`)."""
     q, kk, v, nbr, env, c = make_inputs(n, k, h, d, dv)
@@ -199,13 +236,13 @@ def measure(method: str, n: int, k: int, h: int, d: int, dv: int, repeat: int, s
             entry["error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
         result[mode] = entry
     if stages and method in ("fused", "fused-atomic"):
-        result["stages"] = profile(method, (q, kk, v, nbr, env, c), 1.0 / math.sqrt(d), repeat)
+        result["stages"] = profile(method, (q, kk, v, nbr, env, c), 1.0 / math.sqrt(d), repeat, configs)
     return result
 
 
-def isolated(method: str, cell: tuple, repeat: int, stages: bool) -> dict:
+def isolated(method: str, cell: tuple, repeat: int, stages: bool, configs=()) -> dict:
     """:func:`measure` in a fresh process (its memory_stats peak is that call's)."""
-    cmd = [sys.executable, os.path.abspath(__file__), "--single", json.dumps([method, *cell, repeat, stages])]
+    cmd = [sys.executable, os.path.abspath(__file__), "--single", json.dumps([method, *cell, repeat, stages, list(configs)])]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if not lines:
@@ -264,15 +301,20 @@ def main(argv=None):
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--isolate", action="store_true", help="each cell and method in a fresh process (exact peaks)")
     ap.add_argument("--profile", action="store_true", help="also time each forward/backward stage of the fused methods")
+    ap.add_argument("--configs", help="with --profile: the backward's main kernel also timed with each of these launch "
+                    "configurations (AttentionConfig fields, e.g. 'block_edges=8,num_warps=8;block_heads=8')")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes, one repeat (CPU check of the script)")
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
     ap.add_argument("--kind", default="attention")
     ap.add_argument("--single", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.single:
-        method, n, k, h, d, dv, repeat, stages = json.loads(a.single)
-        print("RESULT " + json.dumps(measure(method, n, k, h, d, dv, repeat, stages)), flush=True)
+        method, n, k, h, d, dv, repeat, stages, configs = json.loads(a.single)
+        print("RESULT " + json.dumps(measure(method, n, k, h, d, dv, repeat, stages, configs)), flush=True)
         return
+    configs = parse_configs(a.configs)
+    if configs and not a.profile:
+        raise SystemExit("--configs needs --profile")
     if a.smoke:
         a.sizes, a.slots, a.heads, a.repeat = "48", "5", "4x8x58,2x4x16", 1
     sizes = [int(s) for s in a.sizes.split(",")]
@@ -291,9 +333,9 @@ def main(argv=None):
                 for method in methods:
                     t0 = time.perf_counter()
                     if a.isolate:
-                        entry = isolated(method, (n, k, h, d, dv), a.repeat, a.profile)
+                        entry = isolated(method, (n, k, h, d, dv), a.repeat, a.profile, configs)
                     else:
-                        entry = measure(method, n, k, h, d, dv, a.repeat, a.profile)
+                        entry = measure(method, n, k, h, d, dv, a.repeat, a.profile, configs)
                     cell["methods"][method] = entry
                     summary = {m: entry.get(m, {}).get("ms", entry.get(m, {}).get("error")) for m in ("fwd", "fwd+bwd")}
                     for stage, e in entry.get("stages", {}).items():

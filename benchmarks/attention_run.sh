@@ -3,7 +3,8 @@
 # benchmarks/fetch_test_wheels.sh, which holds e3nn-jax, a dependency of `import jequi`):
 #   bash benchmarks/attention_run.sh [attention_benchmark.py args, e.g. --sizes 8192 --slots 32]
 # (every argument is passed on: --profile adds each backward stage timed alone, e.g.
-#   ATTENTION_TESTS=0 bash benchmarks/attention_run.sh --profile --sizes 8192,32768 --slots 20 --heads 128x8x58)
+#   ATTENTION_TESTS=0 bash benchmarks/attention_run.sh --profile --sizes 8192,32768 --slots 20 --heads 128x8x58;
+#   --configs 'block_edges=4;block_edges=8,num_warps=8' also times the backward's source pass with those launch shapes)
 # First tests/test_attention.py on the GPU (the Triton kernels against the reference, float64),
 # then benchmarks/attention_benchmark.py (fused vs gather vs three-step, N = 1k-100k, K = 20-64,
 # (H, d, D_v) = (128, 8, 58) and (16, 32, 64)) under ATTENTION_TIMEOUT seconds; writes
