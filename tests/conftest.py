@@ -1,13 +1,22 @@
 """Shared helpers: the e3nn-jax oracle and random inputs. Tests run in float64 unless noted."""
 
-import e3nn_jax as e3nn
-import jax
-import jax.numpy as jnp
-import numpy as np
-import pytest
-from e3nn_jax.legacy import FunctionalTensorProduct
+import importlib.util
+import os
 
-from jequi.backends import xla
+# On CPU, XLA's backend (LLVM) optimisation off for the tests and the processes they start: the suite's time
+# is mostly compiling small programs run once; a GPU run (a CUDA plugin installed) or a level set in XLA_FLAGS stays.
+_gpu = any(importlib.util.find_spec(m) for m in ("jax_cuda12_plugin", "jax_cuda13_plugin"))
+if not _gpu and "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level=0".strip()
+
+import e3nn_jax as e3nn  # noqa: E402
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from e3nn_jax.legacy import FunctionalTensorProduct  # noqa: E402
+
+from jequi.backends import xla  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 
