@@ -78,11 +78,16 @@ def check_batched(tp, backend: str, batch: int, dtype, shared: bool, tol: float)
         assert_close(a, b, tol, f"d/d{what}")
 
 
+# modules of quick host-side tests: dealt out last, they fill the other worker's time while one finishes a long test
+QUICK_LAST = ("test_atoms.py", "test_descriptor.py", "test_errors.py", "test_equivariance.py")
+
+
 def pytest_collection_modifyitems(items):
     """Tests marked ``slow`` first: under pytest-xdist (the GPU runs, benchmarks/cuda_run.sh)
     they then start at once beside the others instead of last and alone (on a fresh GPU
-    machine the conv's split-kernel tests, dealt out last, ran past a device command's limit)."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    machine the conv's split-kernel tests, dealt out last, ran past a device command's limit).
+    The modules of :data:`QUICK_LAST` last, so that a run does not end on one long test."""
+    items.sort(key=lambda item: (item.get_closest_marker("slow") is None, item.path.name in QUICK_LAST))
 
 
 @pytest.fixture

@@ -46,6 +46,7 @@ def test_unknown_elements_are_reported(tmp_path):
         main_job.main(["--structure", str(path)])
 
 
+@pytest.mark.slow  # a kernel process of its own that trains a model: started first under pytest-xdist
 def test_quickstart_notebook_executes():
     """Every cell runs, with the training shortened (150 -> 20 steps: the same code, compiled
     once, and a CPU-suite's worth of time less) on a narrower model (the same code again, and its
