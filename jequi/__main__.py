@@ -60,7 +60,9 @@ def timed(fn, *args, repeat=10):
     return out, first, float(np.median(times))
 
 
-def main(argv=None):
+def main(argv=None, *, train_config: NequIPConfig | None = None):
+    """The command line's job; `train_config`: the model ``--train`` trains (default: NequIPConfig()),
+    a hook for tests, which check the job's steps rather than the model's quality."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--structure", help="an ase-readable file (default: the embedded Cu3Au alloy)")
     ap.add_argument("--train", action="store_true", help="train a fresh model briefly first, and use it")
@@ -84,7 +86,7 @@ def main(argv=None):
     if a.train:
         from jequi.models.train import train
 
-        config = NequIPConfig()  # a small model: a brief training on a CPU, not the shipped width
+        config = train_config or NequIPConfig()  # a small model: a brief training on a CPU, not the shipped width
         train_set, val_set = data.emt_dataset(96, seed=11), data.emt_dataset(16, seed=12)
         print(f"training a fresh model on {len(train_set)} EMT structures ({a.steps} steps)")
         params, history = train(config, train_set, val_set, steps=a.steps, eval_every=max(1, a.steps // 3), energy_weight=30.0,

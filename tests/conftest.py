@@ -1,13 +1,22 @@
 """Shared helpers: the e3nn-jax oracle and random inputs. Tests run in float64 unless noted."""
 
-import e3nn_jax as e3nn
-import jax
-import jax.numpy as jnp
-import numpy as np
-import pytest
-from e3nn_jax.legacy import FunctionalTensorProduct
+import importlib.util
+import os
 
-from jequi.backends import xla
+# On CPU, XLA's backend (LLVM) optimisation off for the tests and the processes they start: the suite's time
+# is mostly compiling small programs run once; a GPU run (a CUDA plugin installed) or a level set in XLA_FLAGS stays.
+_gpu = any(importlib.util.find_spec(m) for m in ("jax_cuda12_plugin", "jax_cuda13_plugin"))
+if not _gpu and "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level=0".strip()
+
+import e3nn_jax as e3nn  # noqa: E402
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from e3nn_jax.legacy import FunctionalTensorProduct  # noqa: E402
+
+from jequi.backends import xla  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 
@@ -69,11 +78,16 @@ def check_batched(tp, backend: str, batch: int, dtype, shared: bool, tol: float)
         assert_close(a, b, tol, f"d/d{what}")
 
 
+# modules of quick host-side tests: dealt out last, they fill the other worker's time while one finishes a long test
+QUICK_LAST = ("test_atoms.py", "test_descriptor.py", "test_errors.py", "test_equivariance.py")
+
+
 def pytest_collection_modifyitems(items):
     """Tests marked ``slow`` first: under pytest-xdist (the GPU runs, benchmarks/cuda_run.sh)
     they then start at once beside the others instead of last and alone (on a fresh GPU
-    machine the conv's split-kernel tests, dealt out last, ran past a device command's limit)."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    machine the conv's split-kernel tests, dealt out last, ran past a device command's limit).
+    The modules of :data:`QUICK_LAST` last, so that a run does not end on one long test."""
+    items.sort(key=lambda item: (item.get_closest_marker("slow") is None, item.path.name in QUICK_LAST))
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ import pytest
 from nbclient import NotebookClient
 
 import jequi.__main__ as main_job
+from jequi.models import NequIPConfig
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -27,9 +28,12 @@ def test_main_job_trains_and_reads_structure_files(tmp_path, capsys):
     from ase.cluster import Icosahedron
 
     ase.io.write(path, Icosahedron("Pt", 2))
-    main_job.main(["--train", "--steps", "4", "--structure", str(path), "--md", "3"])
+    # a narrow one-layer model: the test checks the job's steps, and the default model's training step compiles for minutes
+    small = NequIPConfig(hidden="4x0e+2x1o", sh_lmax=1, num_layers=1, num_basis=4, radial_hidden=8)
+    main_job.main(["--train", "--steps", "4", "--structure", str(path), "--md", "3"], train_config=small)
     out = capsys.readouterr().out
     assert "trained in" in out and "Pt13" in out and "MD: 3 steps" in out
+    assert "1 layers, hidden 4x0e+2x1o" in out, out  # the job ran the model it trained
 
 
 def test_unknown_elements_are_reported(tmp_path):
@@ -42,13 +46,18 @@ def test_unknown_elements_are_reported(tmp_path):
         main_job.main(["--structure", str(path)])
 
 
+@pytest.mark.slow  # a kernel process of its own that trains a model: started first under pytest-xdist
 def test_quickstart_notebook_executes():
     """Every cell runs, with the training shortened (150 -> 20 steps: the same code, compiled
-    once, and a CPU-suite's worth of time less)."""
+    once, and a CPU-suite's worth of time less) on a narrower model (the same code again, and its
+    training step compiles in a fraction of the time)."""
     nb = nbformat.read(ROOT / "notebooks" / "quickstart.ipynb", as_version=4)
-    training = [c for c in nb.cells if "steps=150, eval_every=50" in c.source]
-    assert len(training) == 1, "the notebook's training call changed: update this test"
-    training[0].source = training[0].source.replace("steps=150, eval_every=50", "steps=20, eval_every=10")
+    model = 'NequIPConfig(hidden="16x0e+8x1o+4x2e")'
+    training = [c for c in nb.cells if "steps=150, eval_every=50" in c.source and model in c.source]
+    assert len(training) == 1, "the notebook's model or training call changed: update this test"
+    training[0].source = training[0].source.replace("steps=150, eval_every=50", "steps=20, eval_every=10").replace(
+        model, 'NequIPConfig(hidden="4x0e+2x1o", sh_lmax=1, num_layers=1, num_basis=4, radial_hidden=8)'
+    )
     NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}}).execute()
     outputs = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
     assert "force MAE on held-out structures" in outputs
