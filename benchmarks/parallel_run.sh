@@ -10,7 +10,7 @@
 # timings are one GPU's; the host's CPU cores are shared (16 per GPU on the x4 machine).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-JOBS=$(mktemp -d /tmp/parallel.XXXX)
+JOBS=/tmp/parallel_run.$$; mkdir -p "$JOBS"  # the jobs' outputs, archived on exit
 trap 'tar czf "$OUT/parallel.tgz" -C "$JOBS" .' EXIT
 trap 'exit 143' TERM INT  # run the EXIT trap when a timeout stops the script
 source benchmarks/model_env.sh

@@ -335,26 +335,27 @@ def run_largest(a, result, out) -> None:
         write(result, out, "scaling-largest")
         return cell
 
-    fits, fails, size = None, None, a.largest_start
-    if a.largest_one:  # measured by an earlier run (e.g. a one-GPU job): only the multi-device attempts
-        fits, size = a.largest_one, a.largest_stop + 1
+    if a.largest_one:  # an earlier run's one-device result (a one-GPU job): only the multi-device attempts
+        fits = a.largest_one
         found["1"] = {"fits": fits, "fails": None, "error": None, "note": "--largest-one (an earlier run's)"}
-    while size <= a.largest_stop:
-        if (cell := go(size, 1)) is None:
-            return
-        if "error" in cell:
-            fails, error = size, cell["error"]
-            break
-        fits, size = cell["atoms"], size * 2
-    found.setdefault("1", {"fits": fits, "fails": fails, "error": error if fails else None})
-    if fits and fails:
-        between = int((fits * fails) ** 0.5)
-        if (cell := go(between, 1)) is None:
-            return
-        if "error" in cell:
-            found["1"].update(fails=between, error=cell["error"])
-        else:
-            found["1"]["fits"] = fits = cell["atoms"]
+    else:
+        fits, fails, error, size = None, None, None, a.largest_start
+        while size <= a.largest_stop:
+            if (cell := go(size, 1)) is None:
+                return
+            if "error" in cell:
+                fails, error = size, cell["error"]
+                break
+            fits, size = cell["atoms"], size * 2
+        found["1"] = {"fits": fits, "fails": fails, "error": error}
+        if fits and fails:
+            between = int((fits * fails) ** 0.5)
+            if (cell := go(between, 1)) is None:
+                return
+            if "error" in cell:
+                found["1"].update(fails=between, error=cell["error"])
+            else:
+                found["1"]["fits"] = fits = cell["atoms"]
     if devices > 1 and fits:
         for factor in (devices, 3.5):
             if (cell := go(int(factor * fits), devices)) is None:
