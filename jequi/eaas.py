@@ -206,9 +206,9 @@ def sh_tensor_product(x, vectors, irreps_sh, *, filter_ir_out=None, normalize: b
     """``e3nn.tensor_product(x, e3nn.spherical_harmonics(irreps_sh, vectors, normalize),
     filter_ir_out=filter_ir_out)``, computed in each vector's frame (EAAS).
 
-    Up to harmonics of degree 3 on a GPU, :func:`jequi.tensor_product` of ``x`` and the
-    harmonics (the dense kernels) computes the same product faster, its backward most of all
-    (docs/e2former.md#eaas-jequish_tensor_product).
+    Up to harmonics of degree 4 (the highest measured) on a GPU, :func:`jequi.tensor_product` of
+    ``x`` and the harmonics (the dense kernels) computes the same product faster, forward and
+    backward (docs/e2former.md#eaas-jequish_tensor_product).
 
     Args:
         x: ``e3nn_jax.IrrepsArray`` (..., dim) (a plain array is ``Nx0e``, as in e3nn).

@@ -23,6 +23,7 @@ import dataclasses
 import functools
 
 import e3nn_jax as e3nn
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -83,19 +84,22 @@ def wigner_d(rotation, lmax: int) -> list:
     return ds
 
 
+# Up to this block size rotate() is one broadcast product summed over the block; above it, a
+# batched matrix product. Both are single XLA ops whose transposes (the backward) are single ops
+# too; per-component slices, which transpose into one pad-and-add per component, made the backward
+# 4-12x the forward (benchmarks/results/2026-11-28-nvidia-h100-80gb-hbm3-eaas-rotate.md).
+BROADCAST_MAX_BLOCK = 5
+
+
 def rotate(x, d, *, transpose: bool):
     """``x @ D`` (``transpose``: each channel's ``D^T x``, into the frame) or ``x @ D^T`` (``D y``,
-    back) for features (..., C, n) and per-row matrices (..., n, n), written as n broadcast
-    multiply-adds: XLA fuses them (and the slices around them) into one loop, where a batched
-    matrix product of per-row n x n matrices would run as many tiny products."""
-    n = d.shape[-1]
-    if n == 1:
-        return x * d[..., None, 0, :]
-    rows = (lambda i: d[..., None, i, :]) if transpose else (lambda i: d[..., None, :, i])
-    out = x[..., 0:1] * rows(0)
-    for i in range(1, n):
-        out = out + x[..., i : i + 1] * rows(i)
-    return out
+    back) for features (..., C, n) and per-row matrices (..., n, n): a broadcast product reduced
+    over the block for ``n <= BROADCAST_MAX_BLOCK``, a batched matrix product (full float32
+    precision) above."""
+    m = d if transpose else jnp.swapaxes(d, -1, -2)
+    if d.shape[-1] <= BROADCAST_MAX_BLOCK:
+        return jnp.sum(x[..., :, :, None] * m[..., None, :, :], axis=-2)
+    return jnp.einsum("...ci,...ij->...cj", x, m, precision=jax.lax.Precision.HIGHEST)
 
 
 def safe_directions(vectors, normalize: bool):
