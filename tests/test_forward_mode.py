@@ -67,23 +67,33 @@ def test_jvp_is_the_sum_of_three_products(backend, problem):
     f = functools.partial(tp, backend=backend)
     ref = functools.partial(xla.forward, tp.descriptor)
     trilinear = all(p.has_weight for p in tp.descriptor.paths)
+
+    # one program per function: the jvp, jax.linearize's tangent, the tangent along y alone (a
+    # zero tangent is no term) and the three products (the reference's); the reference jitted
+    # too: eagerly each of its ops compiles alone
+    @jax.jit
+    def tangents(x, y, w, tx, ty, tw):
+        out = {"jvp": jax.jvp(f, (x, y, w), (tx, ty, tw)), "dy": jax.jvp(lambda y: f(x, y, w), (y,), (ty,))[1]}
+        out["linearize"] = jax.linearize(f, x, y, w)[1](tx, ty, tw)
+        return out
+
+    @jax.jit
+    def reference(x, y, w, tx, ty, tw):
+        out = {"jvp": jax.jvp(ref, (x, y, w), (tx, ty, tw)), "dy": jax.jvp(lambda y: ref(x, y, w), (y,), (ty,))[1]}
+        out["three"] = ref(tx, y, w) + ref(x, ty, w) + ref(x, y, tw)
+        return out
+
     for shared in (False, True):
         x, y, w = random_inputs(tp, 6, shared=shared)
         tx, ty, tw = _tangents((x, y, w))
-        z, dz = jax.jit(lambda *p: jax.jvp(f, p[:3], p[3:]))(x, y, w, tx, ty, tw)
-        # the reference jitted too: eagerly each of its ops compiles alone
-        z_ref, dz_ref = jax.jit(lambda *p: jax.jvp(ref, p[:3], p[3:]))(x, y, w, tx, ty, tw)
+        got, expected = tangents(x, y, w, tx, ty, tw), reference(x, y, w, tx, ty, tw)
+        (z, dz), (z_ref, dz_ref) = got["jvp"], expected["jvp"]
         assert_close(z, z_ref, 1e-12, "primal")
         assert_close(dz, dz_ref, 1e-12, f"tangent shared={shared}")
         if trilinear:
-            three = jax.jit(lambda x, y, w, tx, ty, tw: ref(tx, y, w) + ref(x, ty, w) + ref(x, y, tw))
-            assert_close(dz, three(x, y, w, tx, ty, tw), 1e-12, "three products")
-        linearized = jax.jit(lambda *p: jax.linearize(f, *p[:3])[1](*p[3:]))(x, y, w, tx, ty, tw)
-        assert_close(linearized, dz, 1e-12, "linearize")
-        # a zero tangent is no term: the tangent along y alone
-        dy_only = jax.jit(lambda x, y, w, ty: jax.jvp(lambda y: f(x, y, w), (y,), (ty,))[1])(x, y, w, ty)
-        dy_ref = jax.jit(lambda x, y, w, ty: jax.jvp(lambda y: ref(x, y, w), (y,), (ty,))[1])(x, y, w, ty)
-        assert_close(dy_only, dy_ref, 1e-12, "y only")
+            assert_close(dz, expected["three"], 1e-12, "three products")
+        assert_close(got["linearize"], dz, 1e-12, "linearize")
+        assert_close(got["dy"], expected["dy"], 1e-12, "y only")
 
 
 @pytest.mark.parametrize("backend", CONV_BACKENDS)
@@ -96,27 +106,26 @@ def test_conv_jvp_and_hvp_of_forces(backend):
     tx, ty, tw = _tangents((x, y, w))
     ours = lambda x, y, w: tp.conv(x, y, w, graph, backend=backend)  # noqa: E731
     ref = lambda x, y, w: xla.conv_forward(tp.descriptor, x, y, w, graph)  # noqa: E731
-    for f_ours, f_ref in ((ours, ref),):
-        got = jax.jit(lambda *p: jax.jvp(f_ours, p[:3], p[3:])[1])(x, y, w, tx, ty, tw)
-        expected = jax.jit(lambda *p: jax.jvp(f_ref, p[:3], p[3:])[1])(x, y, w, tx, ty, tw)
-        assert_close(got, expected, 1e-12, "conv jvp")
 
     def energy(f):
         return lambda x, y, w: jnp.sum(jnp.sin(f(x, y, w)))
 
-    def hvp_forward(f):  # forward over reverse
-        return jax.jit(lambda *p: jax.jvp(jax.grad(energy(f), argnums=(1, 2)), p[:3], p[3:])[1])
+    # one program each (the jvp's tangent and the HVP's tangent of the conv are one kernel)
+    @jax.jit
+    def forward(x, y, w, tx, ty, tw, zero_x):  # the jvp, and forward over reverse
+        return jax.jvp(ours, (x, y, w), (tx, ty, tw))[1], jax.jvp(jax.grad(energy(ours), argnums=(1, 2)), (x, y, w), (zero_x, ty, tw))[1]
 
-    def hvp_reverse(f):  # reverse over reverse: grad of <grad, t>
+    @jax.jit
+    def reference(x, y, w, tx, ty, tw):  # the jvp, and reverse over reverse: grad of <grad, t>
         def inner(x, y, w, ty, tw):
-            gy, gw = jax.grad(energy(f), argnums=(1, 2))(x, y, w)
+            gy, gw = jax.grad(energy(ref), argnums=(1, 2))(x, y, w)
             return jnp.vdot(gy, ty) + jnp.vdot(gw, tw)
 
-        return jax.jit(lambda x, y, w, ty, tw: jax.grad(inner, argnums=(1, 2))(x, y, w, ty, tw))
+        return jax.jvp(ref, (x, y, w), (tx, ty, tw))[1], jax.grad(inner, argnums=(1, 2))(x, y, w, ty, tw)
 
-    zero_x = np.zeros_like(tx)
-    got = hvp_forward(ours)(x, y, w, zero_x, ty, tw)
-    for a, b, what in zip(got, hvp_reverse(ref)(x, y, w, ty, tw), ("y", "w")):
+    (got, hvp), (expected, hvp_ref) = forward(x, y, w, tx, ty, tw, np.zeros_like(tx)), reference(x, y, w, tx, ty, tw)
+    assert_close(got, expected, 1e-12, "conv jvp")
+    for a, b, what in zip(hvp, hvp_ref, ("y", "w")):
         assert_close(a, b, 1e-11, f"hvp d{what}")
 
 
@@ -160,7 +169,8 @@ def test_mixed_modes_to_third_order():
             jax.jvp(lambda x: jax.jvp(lambda x: jnp.sin(f(x, y, w)), (x,), (tx,))[1], (x,), (2 * tx,))[1],
         ]
 
-    for a, b in zip(jax.tree.leaves(jax.jit(lambda: cases(ours))()), jax.tree.leaves(cases(ref))):
+    # the reference jitted too: eagerly each of its ops compiles alone
+    for a, b in zip(jax.tree.leaves(jax.jit(lambda: cases(ours))()), jax.tree.leaves(jax.jit(lambda: cases(ref))())):
         assert_close(a, b, 1e-11)
 
 

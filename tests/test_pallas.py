@@ -197,10 +197,12 @@ def pallas(config=pallas_kernels.DEFAULT):
 
 # every mode with all terms, then shared weights and partial specs on a few (interpret mode is slow)
 SECOND_ORDER_CASES = [(name, op, False, "all") for name in ("uvu", "uvw", "uuu+unweighted", "uuw") for op in ("tp", "conv")]
-SECOND_ORDER_CASES += [("uvu", "tp", True, "force-training"), ("uvw", "tp", True, "force-training")]
+# (uvu's shared weights and partial spec on SPLIT_UVU: they change the weights' loads, gw's sum over
+# rows and the sums taken, not the row code of uvu's 13 paths, which the "all" cases above run)
+SECOND_ORDER_CASES += [("split-uvu", "tp", True, "force-training"), ("uvw", "tp", True, "force-training")]
 # Kahan sums change only how the edge loop adds each edge's values (conv._edge_loop), whatever the
 # mode; dgz alone takes the forward kernel, not the backward one uvw's dgz joins with the others
-SECOND_ORDER_CASES += [("uvu", "conv", True, "force-training"), ("uvw", "conv-kahan", False, "all")]
+SECOND_ORDER_CASES += [("split-uvu", "conv", True, "force-training"), ("uvw", "conv-kahan", False, "all")]
 SECOND_ORDER_CASES += [("uvw", "tp", False, "dgz-only"), ("uvw", "conv", True, "dgz-only"), ("uvw", "tp", False, "dw-only")]
 SECOND_ORDER_CASES += [("uvw-rows", "tp", False, "all"), ("uvw-rows-ir_mul", "tp", True, "force-training")]
 SECOND_ORDER_CASES += [("uvw-rows-sparse", "tp", False, "all")]
@@ -249,7 +251,7 @@ def test_fuses_second_rule():
 
 
 def _check_second_order(name, op, shared, spec, config=pallas_kernels.DEFAULT):
-    tp = PROBLEMS[name]()
+    tp = SPLIT_UVU() if name == "split-uvu" else PROBLEMS[name]()
     desc = tp.descriptor.trilinear
     spec = SPECS[spec]
     rng = np.random.default_rng(8)
@@ -372,8 +374,9 @@ def test_channel_windows_rule():
 def test_forward_groups(name, shared, dtype, budget):
     """The batched forward split over programs by output segments (forced: a program per
     segment in float32, groups of several in float64): the forward and the fused second
-    order's ``dgz`` (two triples) as the reference."""
-    tp = PROBLEMS[name]()
+    order's ``dgz`` (two triples) as the reference. uvu's mode on SPLIT_UVU (five output
+    segments: a program each, or two groups)."""
+    tp = SPLIT_UVU() if name == "uvu" else PROBLEMS[name]()
     desc = tp.descriptor.trilinear
     rng = np.random.default_rng(10)
     x, y, gz, ggx, ggy = (rng.normal(size=(BATCH, d)).astype(dtype) for d in desc.dims[:2] + desc.dims[2:] + desc.dims[:2])
@@ -385,7 +388,9 @@ def test_forward_groups(name, shared, dtype, budget):
     assert_close(pallas_kernels.forward(desc, x, y, w, config), xla.forward(desc, x, y, w), TOL[dtype])
     spec = SPECS["dgz-only"]
     dgz = pallas(config).second(desc, spec, arrays)[3]
-    assert_close(dgz, _second_order_reference(functools.partial(xla.forward, desc), spec, arrays)[3], TOL[dtype])
+    # jitted: eagerly each op of the reference's gradients compiles alone
+    expected = jax.jit(lambda a: _second_order_reference(functools.partial(xla.forward, desc), spec, a)[3])(arrays)
+    assert_close(dgz, expected, TOL[dtype])
 
 
 def test_forward_groups_rule():
@@ -538,8 +543,9 @@ def test_row_blocks_tail_rows(shared):
     x, y, gz, ggx, ggy = (rng.normal(size=(7, d)) for d in desc.dims[:2] + desc.dims[2:] + desc.dims[:2])
     w, ggw = rng.normal(size=(2, desc.weight_numel) if shared else (2, 7, desc.weight_numel))
     arrays = (x, y, w, gz, ggx, ggy, ggw)
-    expected = _second_order_reference(functools.partial(xla.forward, desc), SPECS["all"], arrays)
-    for a, b in zip(pallas(config).second(desc, SPECS["all"], arrays), expected):
+    # jitted: eagerly each op of the reference's gradients compiles alone
+    expected = jax.jit(lambda a: _second_order_reference(functools.partial(xla.forward, desc), SPECS["all"], a))(arrays)
+    for a, b in zip(jax.jit(lambda a: pallas(config).second(desc, SPECS["all"], a))(arrays), expected):
         assert_close(a, b, 1e-12)
 
 
