@@ -3,13 +3,11 @@
 import importlib.util
 import os
 
-# On CPU, XLA's backend (LLVM) optimisation off for the tests and the processes they start, its expensive
-# passes included: about half the suite's time is XLA compiling small programs run once; a GPU run (a CUDA
-# plugin installed) or a level set in XLA_FLAGS stays.
+# On CPU, XLA's backend (LLVM) optimisation off for the tests and the processes they start: the suite's time
+# is mostly compiling small programs run once; a GPU run (a CUDA plugin installed) or a level set in XLA_FLAGS stays.
 _gpu = any(importlib.util.find_spec(m) for m in ("jax_cuda12_plugin", "jax_cuda13_plugin"))
 if not _gpu and "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
-    _flags = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_flags}".strip()
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level=0".strip()
 
 import e3nn_jax as e3nn  # noqa: E402
 import jax  # noqa: E402
