@@ -97,7 +97,7 @@ def cell(L, C, rows, forms, log):
     r = jnp.asarray(rng.normal(size=(rows, 3)), jnp.float32)
     ref = None
     for name in forms:
-        so2.rotate = (lambda f: lambda x_, d, *, transpose: x_ * d[..., None, 0, :] if d.shape[-1] == 1 else f(x_, d, transpose=transpose))(FORMS[name])
+        so2.rotate = FORMS[name]  # every form handles one-component blocks (l = 0) too
 
         def f(x, r):
             ds, norm = eaas.frame(r, plan.lmax, True)
