@@ -24,6 +24,12 @@ for L, C, rows in [(2, 128, 100000), (4, 64, 10000), (2, 128, 10000), (6, 64, 10
         z = jax.block_until_ready(f(x, r))
         err = float(jnp.max(jnp.abs(z - ref)) / jnp.max(jnp.abs(ref)))
         line += f" | kernel rpp={rpp} w={warps} {median_ms(f, (x, r)):.3f} ms (compile {time.time()-t:.0f} s, err {err:.1e})"
+    loss_xla = jax.jit(jax.grad(lambda x, r: jnp.sum(xla(x, r) ** 2), (0, 1)))
+    bwd = jax.jit(lambda x, r: kern.backward(plan, x, r, 2.0 * kern.forward(plan, x, r)))
+    gx_ref, gr_ref = loss_xla(x, r)
+    gx, gr = jax.block_until_ready(bwd(x, r))
+    err = max(float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b))) for a, b in ((gx, gx_ref), (gr, gr_ref)))
+    line += f" | fwd+bwd: xla {median_ms(loss_xla, (x, r)):.3f} ms, kernels {median_ms(bwd, (x, r)):.3f} ms (err {err:.1e})"
     gb = rows * 4 * (irreps_x.dim + plan.irreps_out.dim + 3) / 1e9
     line += f" | bound {gb / 3.35:.3f} ms"
     print(line, flush=True)

@@ -17,29 +17,96 @@ from .lowering import fma, pallas_call
 from .row_code import chunks, iota, rows_loop
 
 
+def _zero(a) -> bool:
+    return isinstance(a, float) and a == 0.0
+
+
+def _add(a, b):
+    return b if _zero(a) else a if _zero(b) else a + b
+
+
+def _mul(a, b):
+    return 0.0 if _zero(a) or _zero(b) else a * b
+
+
+class Dual:
+    """A scalar and its derivatives in ``(r_x, r_y, r_z)``, for the frame's forward-mode
+    derivatives inside a kernel (Python floats are constants; zero derivatives stay 0.0 and
+    cost nothing)."""
+
+    __slots__ = ("v", "t")
+
+    def __init__(self, v, t):
+        self.v, self.t = v, tuple(t)
+
+    def __add__(self, o):
+        if isinstance(o, Dual):
+            return Dual(_add(self.v, o.v), (_add(a, b) for a, b in zip(self.t, o.t)))
+        return Dual(_add(self.v, o), self.t)
+
+    __radd__ = __add__
+
+    def __neg__(self):
+        return Dual(_mul(-1.0, self.v), (_mul(-1.0, a) for a in self.t))
+
+    def __sub__(self, o):
+        return self + (-o)
+
+    def __rsub__(self, o):
+        return (-self) + o
+
+    def __mul__(self, o):
+        if isinstance(o, Dual):
+            return Dual(_mul(self.v, o.v), (_add(_mul(a, o.v), _mul(self.v, b)) for a, b in zip(self.t, o.t)))
+        return Dual(_mul(self.v, o), (_mul(a, o) for a in self.t))
+
+    __rmul__ = __mul__
+
+    def __rtruediv__(self, o):  # o / self, o a constant
+        inv = 1.0 / self.v
+        scale = -o * inv * inv
+        return Dual(o * inv, (_mul(scale, a) for a in self.t))
+
+    def __truediv__(self, o):
+        return self * (1.0 / o)
+
+
+def value(a):
+    return a.v if isinstance(a, Dual) else a
+
+
+def _sqrt(a):
+    if isinstance(a, Dual):
+        s = jnp.sqrt(a.v)
+        return Dual(s, (_mul(0.5 / s, t) for t in a.t))
+    return jnp.sqrt(a)
+
+
 def _frame(rx, ry, rz, normalize: bool):
     """(R as 3 x 3 nested lists of scalars, norm) of one row, as :func:`jequi.so2.edge_rotation`
-    and :func:`jequi.so2.safe_directions`."""
+    and :func:`jequi.so2.safe_directions`; scalars or :class:`Dual` (then with derivatives)."""
     r2 = rx * rx + ry * ry + rz * rz
-    one = jnp.ones_like(r2)
-    nonzero = (r2 > 0).astype(r2.dtype)  # selects as arithmetic: Triton multiplies no booleans
-    length = jnp.sqrt(r2 + (one - nonzero))
-    inv = one / length
+    dtype = value(r2).dtype
+    nonzero = (value(r2) > 0).astype(dtype)  # selects as arithmetic: Triton multiplies no booleans
+    length = _sqrt(r2 + (1.0 - nonzero))
+    inv = 1.0 / length
     dx, dy, dz = rx * inv, ry * inv, rz * inv
     norm = nonzero if normalize else nonzero * length
-    upper = (dy >= 0).astype(r2.dtype)
-    sign = 2.0 * upper - one
-    v = (sign * dz, 0.0, -sign * dx)
-    k = [[0.0, -v[2], v[1]], [v[2], 0.0, -v[0]], [-v[1], v[0], 0.0]]
+    upper = (value(dy) >= 0).astype(dtype)
+    sign = 2.0 * upper - 1.0
+    v = (sign * dz, 0.0, -(sign * dx))
+    k = [[0.0, -v[2], v[1]], [v[2], 0.0, -v[0]], [-v[1] if not _zero(v[1]) else 0.0, v[0], 0.0]]
     vv = v[0] * v[0] + v[2] * v[2]
-    inv_den = one / (one + sign * dy)
-    flip = sign
+    inv_den = 1.0 / (1.0 + sign * dy)
     rot = []
     for i in range(3):
         row = []
         for j in range(3):
-            value = (1.0 if i == j else 0.0) + k[i][j] + (v[i] * v[j] - (vv if i == j else 0.0)) * inv_den
-            row.append(value * flip if j < 2 else value)
+            outer = _mul(v[i], v[j])
+            if i == j:
+                outer = outer - vv
+            entry = (1.0 if i == j else 0.0) + k[i][j] + outer * inv_den
+            row.append(entry * sign if j < 2 else entry)  # the second chart's half turn about z
         rot.append(row)
     return rot, norm
 
@@ -57,16 +124,16 @@ def _wigner(rot, lmax: int):
         t = {}  # t[i, b, n] = sum_a prev[i][a] c[a, b, n]
         for a, b, n in nz:
             for i in range(2 * l - 1):
-                t[i, b, n] = t.get((i, b, n), 0.0) + prev[i][a] * float(c[a, b, n])
+                t[i, b, n] = _add(t.get((i, b, n), 0.0), _mul(prev[i][a], float(c[a, b, n])))
         u = {}  # u[i, j, n] = sum_b R[j][b] t[i, b, n]
         for (i, b, n), val in t.items():
             for j in range(3):
-                u[i, j, n] = u.get((i, j, n), 0.0) + rot[j][b] * val
+                u[i, j, n] = _add(u.get((i, j, n), 0.0), _mul(rot[j][b], val))
         d = [[0.0] * (2 * l + 1) for _ in range(2 * l + 1)]
         for i, j, kk in nz:
             for n in range(2 * l + 1):
                 if (i, j, n) in u:
-                    d[kk][n] = d[kk][n] + float(c[i, j, kk]) * u[i, j, n]
+                    d[kk][n] = _add(d[kk][n], _mul(float(c[i, j, kk]), u[i, j, n]))
         ds.append(d)
     return ds
 
@@ -149,3 +216,107 @@ def forward(plan, x, r, *, normalize: bool = True, rows_per_program: int = 4, nu
         x.reshape(-1), r.reshape(-1)
     )
     return z.reshape(n, d_out)
+
+
+def _tangent(a, k):
+    return a.t[k] if isinstance(a, Dual) else 0.0
+
+
+@functools.partial(jax.jit, static_argnames=("plan", "normalize", "rows_per_program", "num_warps"))
+def backward(plan, x, r, g, *, normalize: bool = True, rows_per_program: int = 4, num_warps: int = 4):
+    """``(gx (N, in.dim), gr (N, 3))``: the gradients of ``<g, forward(plan, x, r)>``. Per row the
+    frame carries its derivatives in ``r`` (:class:`Dual`); the channel sums against the Wigner
+    entries (``dL/dD``) are reduced on chip and contracted with them."""
+    n = x.shape[0]
+    d_in = plan.irreps_in.dim
+    d_out = plan.irreps_out.dim
+    slices = plan.irreps_in.slices()
+    dtype = x.dtype
+    by_block = {}  # input block -> [(piece, l_o, output offset, channel offset)]
+    offset = 0
+    for lo, pieces in plan.out:
+        chan = 0
+        for p in pieces:
+            if p.coefficient is not None:
+                by_block.setdefault(p.block, []).append((p, lo, offset, chan))
+            chan += plan.irreps_in[p.block].mul * p.mul_f
+        offset += chan * (2 * lo + 1)
+
+    def kernel(x_ref, r_ref, g_ref, gx_ref, gr_ref):
+        def row(b):
+            seeds = [Dual(r_ref[b * 3 + a], tuple(1.0 if c == a else 0.0 for c in range(3))) for a in range(3)]
+            rot, norm = _frame(*seeds, normalize)
+            ds = _wigner(rot, plan.lmax)
+            dv = [[[value(e) for e in row_] for row_ in d] for d in ds]
+            sens = {}  # (l, i, j) -> dL/dD_l[i][j]
+            gr = [0.0, 0.0, 0.0]
+            powers = {}
+
+            def power(lf):
+                if lf not in powers:
+                    powers[lf] = None if lf == 0 else functools.reduce(lambda a, _: a * norm, range(lf - 1), norm)
+                return powers[lf]
+
+            for blk, (mul_in, ir) in enumerate(plan.irreps_in):
+                li, base = ir.l, slices[blk].start
+                for start, size in chunks(mul_in):
+                    def at(nn):
+                        return b * d_in + iota(base + (start + np.arange(size)) * (2 * li + 1) + nn)
+
+                    if blk not in by_block:
+                        for nn in range(2 * li + 1):
+                            gx_ref[at(nn)] = jnp.zeros((size,), dtype)
+                        continue
+                    xs = [x_ref[at(nn)] for nn in range(2 * li + 1)]
+                    xt, gxt = {}, {}
+                    for p, lo, out_offset, chan in by_block[blk]:
+                        k = len(p.coefficient) // 2
+                        pw = power(p.l_f)
+                        pv = 1.0 if pw is None else value(pw)
+                        gsum = []
+                        for i in range(2 * lo + 1):
+                            total = None
+                            for f in range(p.mul_f):
+                                idx = out_offset + (chan + (start + np.arange(size)) * p.mul_f + f) * (2 * lo + 1) + i
+                                v = g_ref[b * d_out + iota(idx)]
+                                total = v if total is None else total + v
+                            gsum.append(total)
+                        s_pow = 0.0
+                        for m in range(-k, k + 1):
+                            c = p.coefficient[k + m]
+                            if c == 0.0:
+                                continue
+                            j = li - m if p.reverse else li + m
+                            if j not in xt:
+                                xt[j] = _dot([(dv[li][nn][j], xs[nn]) for nn in range(2 * li + 1)]) if li > 0 else xs[0]
+                            gt = _dot([(dv[lo][i][lo + m], gsum[i]) for i in range(2 * lo + 1)]) if lo > 0 else gsum[0]
+                            gt = gt * (c * pv)
+                            gxt[j] = gt if j not in gxt else gxt[j] + gt
+                            for i in range(2 * lo + 1):
+                                q = jnp.sum(gsum[i] * xt[j])
+                                if lo > 0:
+                                    key = (lo, i, lo + m)
+                                    sens[key] = _add(sens.get(key, 0.0), q * (c * pv))
+                                if isinstance(pw, Dual):
+                                    s_pow = _add(s_pow, q * (c * dv[lo][i][lo + m] if lo > 0 else c))
+                        if isinstance(pw, Dual):
+                            gr = [_add(gr[a], _mul(s_pow, pw.t[a])) for a in range(3)]
+                    for nn in range(2 * li + 1):
+                        terms = [(dv[li][nn][j], gxt[j]) for j in gxt] if li > 0 else [(1.0, gxt[0])]
+                        gx_ref[at(nn)] = _dot(terms).astype(dtype)
+                        if li > 0:
+                            for j in gxt:
+                                key = (li, nn, j)
+                                sens[key] = _add(sens.get(key, 0.0), jnp.sum(xs[nn] * gxt[j]))
+            for (l, i, j), s in sens.items():
+                gr = [_add(gr[a], _mul(s, _tangent(ds[l][i][j], a))) for a in range(3)]
+            for a in range(3):
+                total = gr[a]
+                gr_ref[b * 3 + a] = (jnp.zeros((), dtype) if _zero(total) else total).astype(dtype)
+
+        rows_loop(n, rows_per_program, row)
+
+    grid = (pl.cdiv(n, rows_per_program),)
+    shapes = (jax.ShapeDtypeStruct((n * d_in,), dtype), jax.ShapeDtypeStruct((n * 3,), dtype))
+    gx, gr = pallas_call(kernel, shapes, grid, num_warps, name="jequi_eaas_bwd")(x.reshape(-1), r.reshape(-1), g.reshape(-1))
+    return gx.reshape(n, d_in), gr.reshape(n, 3)
