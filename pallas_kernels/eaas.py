@@ -320,3 +320,95 @@ def backward(plan, x, r, g, *, normalize: bool = True, rows_per_program: int = 4
     shapes = (jax.ShapeDtypeStruct((n * d_in,), dtype), jax.ShapeDtypeStruct((n * 3,), dtype))
     gx, gr = pallas_call(kernel, shapes, grid, num_warps, name="jequi_eaas_bwd")(x.reshape(-1), r.reshape(-1), g.reshape(-1))
     return gx.reshape(n, d_in), gr.reshape(n, 3)
+
+
+@functools.partial(jax.jit, static_argnames=("plan", "normalize", "rows_per_program", "num_warps"))
+def tangent(plan, x, r, tx, tr, *, normalize: bool = True, rows_per_program: int = 4, num_warps: int = 4):
+    """``(N, out.dim)``: the forward's derivative at ``(x, r)`` along ``(tx, tr)`` (linear in
+    them): the frame's derivatives along ``tr`` per row (:class:`Dual`), then the product's."""
+    n = x.shape[0]
+    d_in = plan.irreps_in.dim
+    d_out = plan.irreps_out.dim
+    slices = plan.irreps_in.slices()
+    dtype = x.dtype
+
+    def kernel(x_ref, r_ref, tx_ref, tr_ref, z_ref):
+        def row(b):
+            seeds = [Dual(r_ref[b * 3 + a], tuple(1.0 if c == a else 0.0 for c in range(3))) for a in range(3)]
+            trs = [tr_ref[b * 3 + a] for a in range(3)]
+            rot, norm = _frame(*seeds, normalize)
+            ds = _wigner(rot, plan.lmax)
+
+            def split(e):  # (value, derivative along tr)
+                if not isinstance(e, Dual):
+                    return e, 0.0
+                d = 0.0
+                for a in range(3):
+                    d = _add(d, _mul(e.t[a], trs[a]))
+                return e.v, d
+
+            dd = [[[split(e) for e in row_] for row_ in d] for d in ds]
+            powers = {0: (1.0, 0.0)}
+            out_offset = 0
+            for lo, pieces in plan.out:
+                chan = 0
+                for p in pieces:
+                    mul_in = plan.irreps_in[p.block].mul
+                    li = plan.irreps_in[p.block].ir.l
+                    width = mul_in * p.mul_f
+                    if p.coefficient is None:
+                        for start, size in chunks(width):
+                            for i in range(2 * lo + 1):
+                                idx = out_offset + (chan + start + np.arange(size)) * (2 * lo + 1) + i
+                                z_ref[b * d_out + iota(idx)] = jnp.zeros((size,), dtype)
+                        chan += width
+                        continue
+                    if p.l_f not in powers:
+                        powers[p.l_f] = split(functools.reduce(lambda a, _: a * norm, range(p.l_f - 1), norm))
+                    pv, pd = powers[p.l_f]
+                    k = len(p.coefficient) // 2
+                    for start, size in chunks(mul_in):
+                        base = slices[p.block].start
+                        at = [b * d_in + iota(base + (start + np.arange(size)) * (2 * li + 1) + nn) for nn in range(2 * li + 1)]
+                        xs = [x_ref[a] for a in at]
+                        txs = [tx_ref[a] for a in at]
+                        xt, dxt = {}, {}
+                        for m in range(-k, k + 1):
+                            if p.coefficient[k + m] == 0.0:
+                                continue
+                            j = li - m if p.reverse else li + m
+                            if j in xt:
+                                continue
+                            if li == 0:
+                                xt[j], dxt[j] = xs[0], txs[0]
+                                continue
+                            xt[j] = _dot([(dd[li][nn][j][0], xs[nn]) for nn in range(2 * li + 1)])
+                            pairs = [(dd[li][nn][j][0], txs[nn]) for nn in range(2 * li + 1)]
+                            pairs += [(dd[li][nn][j][1], xs[nn]) for nn in range(2 * li + 1) if not _zero(dd[li][nn][j][1])]
+                            dxt[j] = _dot(pairs)
+                        for i in range(2 * lo + 1):
+                            terms = []
+                            for m in range(-k, k + 1):
+                                c = p.coefficient[k + m]
+                                if c == 0.0:
+                                    continue
+                                j = li - m if p.reverse else li + m
+                                dv_, dd_ = dd[lo][i][lo + m] if lo > 0 else (1.0, 0.0)
+                                terms.append((_mul(c, _mul(dv_, pv)), dxt[j]))
+                                d_scale = _add(_mul(dd_, pv), _mul(dv_, pd))
+                                if not _zero(d_scale):
+                                    terms.append((_mul(c, d_scale), xt[j]))
+                            value_ = _dot(terms).astype(dtype) if terms else jnp.zeros((size,), dtype)
+                            for f in range(p.mul_f):
+                                idx = out_offset + (chan + (start + np.arange(size)) * p.mul_f + f) * (2 * lo + 1) + i
+                                z_ref[b * d_out + iota(idx)] = value_
+                    chan += width
+                out_offset += chan * (2 * lo + 1)
+
+        rows_loop(n, rows_per_program, row)
+
+    grid = (pl.cdiv(n, rows_per_program),)
+    z = pallas_call(kernel, jax.ShapeDtypeStruct((n * d_out,), dtype), grid, num_warps, name="jequi_eaas_jvp")(
+        x.reshape(-1), r.reshape(-1), tx.reshape(-1), tr.reshape(-1)
+    )
+    return z.reshape(n, d_out)

@@ -49,3 +49,33 @@ def test_backward_matches_xla_vjp(irreps_x, sh, filt, normalize):
     gx, gr = kernel.backward(plan, x, r, g, normalize=normalize)
     np.testing.assert_allclose(gx, gx_ref, atol=1e-12)
     np.testing.assert_allclose(gr, gr_ref, atol=1e-12)
+
+
+def test_sh_tensor_product_pallas_backend_derivatives():
+    """backend="pallas" against backend="xla": values with leading dims, the gradient, forward
+    mode, force training's second derivative (a loss on dE/dr differentiated in x and r), vmap."""
+    import jax
+
+    import jequi
+
+    irreps_x = e3nn.Irreps("2x0e+2x1o")
+    rng = np.random.default_rng(3)
+    x = e3nn.IrrepsArray(irreps_x, jnp.asarray(rng.normal(size=(2, 3, irreps_x.dim))))
+    r = jnp.asarray(rng.normal(size=(2, 3, 3))).at[0, 0].set(jnp.array([0.0, -1.0, 0.0]))
+
+    def energy(backend):
+        def f(xa, r_):
+            z = jequi.sh_tensor_product(e3nn.IrrepsArray(irreps_x, xa), r_, [0, 1], filter_ir_out="0e+1o", backend=backend)
+            return jnp.sum(jnp.sin(z.array))
+
+        return f
+
+    for fn in (
+        lambda b: jequi.sh_tensor_product(x, r, [0, 1], backend=b).array,
+        lambda b: jax.grad(energy(b), (0, 1))(x.array, r),
+        lambda b: jax.jvp(energy(b), (x.array, r), (jnp.ones_like(x.array), jnp.ones_like(r)))[1],
+        lambda b: jax.grad(lambda xa, r_: jnp.sum(jax.grad(energy(b), 1)(xa, r_) ** 2), (0, 1))(x.array, r),
+        lambda b: jax.vmap(lambda xa, r_: jax.grad(energy(b), 1)(xa, r_))(x.array, r),
+    ):
+        for a, ref in zip(jax.tree.leaves(fn("pallas")), jax.tree.leaves(fn("xla"))):
+            np.testing.assert_allclose(a, ref, atol=1e-11)
