@@ -53,16 +53,30 @@ vjp_p = core.Primitive("jequi_eaas_vjp")
 vjp_p.multiple_results = True
 
 
+def _by_rows(kernel, spec: Spec, *arrays):
+    """``kernel(*arrays)`` over blocks of rows, each with fewer than 2**31 elements per array:
+    the kernels index their flat refs in int32."""
+    widest = max(spec.plan.irreps_in.dim, spec.plan.irreps_out.dim, 3)
+    step = (2**31 - 1) // widest
+    n = arrays[0].shape[0]
+    if n <= step:
+        return kernel(*arrays)
+    parts = [kernel(*(a[i : i + step] for a in arrays)) for i in range(0, n, step)]
+    if isinstance(parts[0], tuple):
+        return tuple(jnp.concatenate(p) for p in zip(*parts))
+    return jnp.concatenate(parts)
+
+
 def _forward_impl(x, r, *, spec: Spec):
-    return kernels.forward(spec.plan, x, r, **spec.launch)
+    return _by_rows(lambda *a: kernels.forward(spec.plan, *a, **spec.launch), spec, x, r)
 
 
 def _jvp_impl(x, r, tx, tr, *, spec: Spec):
-    return kernels.tangent(spec.plan, x, r, tx, tr, **spec.launch)
+    return _by_rows(lambda *a: kernels.tangent(spec.plan, *a, **spec.launch), spec, x, r, tx, tr)
 
 
 def _vjp_impl(x, r, g, *, spec: Spec):
-    return list(kernels.backward(spec.plan, x, r, g, **spec.launch))
+    return list(_by_rows(lambda *a: kernels.backward(spec.plan, *a, **spec.launch), spec, x, r, g))
 
 
 def _out_aval(x, spec: Spec):
