@@ -186,5 +186,8 @@ ad.primitive_transposes[vjp_p] = _vjp_transpose
 
 def fused_product(spec: Spec, x, r):
     """The EAAS product of rows ``x (N, in.dim)`` (regrouped) and ``r (N, 3)`` by the kernels,
-    differentiable to any order in both modes, batchable."""
+    differentiable to any order in both modes, batchable. ``x`` and ``r`` share one dtype (the
+    backward kernel writes both gradients in it)."""
+    if x.dtype != r.dtype:
+        raise ValueError(f"x and r must share a dtype, got {x.dtype} and {r.dtype}")
     return forward_p.bind(x, r, spec=spec)

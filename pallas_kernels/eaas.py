@@ -5,6 +5,7 @@ but ``x``, ``r`` and the output in HBM. ``plan`` is :func:`jequi.eaas._plan`'s."
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -145,69 +146,104 @@ def _dot(pairs):
     return total
 
 
+class _Out(NamedTuple):
+    """One output chunk of the plan, as the kernels walk it: degrees ``lo`` and ``li``, where its
+    channels start in the output (``offset`` of the degree's block, ``chan`` within it), the
+    harmonics' degree and multiplicity, and its per-m map as ``(m, source j, coefficient)`` with
+    the coefficients Python floats (a numpy scalar would promote float32 kernels to float64)."""
+
+    lo: int
+    li: int
+    offset: int
+    chan: int
+    l_f: int
+    mul_f: int
+    pairs: tuple
+
+
+def _layout(plan):
+    """``(zeros, by_block)``: the output chunks that are zero (``(lo, offset, chan, width)``) and,
+    per input block, its nonzero chunks (:class:`_Out`); every kernel walks the input blocks so
+    that each block of ``x`` is loaded and rotated once per row."""
+    zeros, by_block = [], {}
+    offset = 0
+    for lo, pieces in plan.out:
+        chan = 0
+        for p in pieces:
+            width = plan.irreps_in[p.block].mul * p.mul_f
+            if p.coefficient is None:
+                zeros.append((lo, offset, chan, width))
+            else:
+                li = plan.irreps_in[p.block].ir.l
+                k = len(p.coefficient) // 2
+                pairs = tuple(
+                    (m, li - m if p.reverse else li + m, float(p.coefficient[k + m]))
+                    for m in range(-k, k + 1) if p.coefficient[k + m] != 0.0
+                )  # fmt: skip
+                by_block.setdefault(p.block, []).append(_Out(lo, li, offset, chan, p.l_f, p.mul_f, pairs))
+            chan += width
+        offset += chan * (2 * lo + 1)
+    return zeros, by_block
+
+
+def _store_zeros(z_ref, base, zeros, dtype):
+    for lo, offset, chan, width in zeros:
+        for start, size in chunks(width):
+            for i in range(2 * lo + 1):
+                z_ref[base + iota(offset + (chan + start + np.arange(size)) * (2 * lo + 1) + i)] = jnp.zeros((size,), dtype)
+
+
+def _store_out(z_ref, base, out: _Out, start, size, i, value):
+    for f in range(out.mul_f):
+        z_ref[base + iota(out.offset + (out.chan + (start + np.arange(size)) * out.mul_f + f) * (2 * out.lo + 1) + i)] = value
+
+
+def _powers(norm):
+    """``norm^l`` by degree, computed once each (None for l = 0)."""
+    cache = {}
+
+    def power(l):
+        if l not in cache:
+            cache[l] = None if l == 0 else functools.reduce(lambda a, _: a * norm, range(l - 1), norm)
+        return cache[l]
+
+    return power
+
+
 @functools.partial(jax.jit, static_argnames=("plan", "normalize", "rows_per_program", "num_warps"))
 def forward(plan, x, r, *, normalize: bool = True, rows_per_program: int = 4, num_warps: int = 4):
     """``(N, out.dim)``: the EAAS product of the regrouped ``x (N, in.dim)`` with the harmonics of
-    ``r (N, 3)``."""
+    ``r (N, 3)``: per input block, ``x~[j] = sum_n x[n] D_li[n][j]`` once, then per output chunk
+    ``y[i] = sum_m D_lo[i][lo + m] c_m norm^lf x~[j(m)]``."""
     n = x.shape[0]
     d_in = plan.irreps_in.dim
     d_out = plan.irreps_out.dim
     slices = plan.irreps_in.slices()
     dtype = x.dtype
+    zeros, by_block = _layout(plan)
 
     def kernel(x_ref, r_ref, z_ref):
         def row(b):
-            rx, ry, rz = (r_ref[b * 3 + i] for i in range(3))
-            rot, norm = _frame(rx, ry, rz, normalize)
+            rot, norm = _frame(*(r_ref[b * 3 + a] for a in range(3)), normalize)
             ds = _wigner(rot, plan.lmax)
-            powers = {0: None}
-            out_offset = 0
-            for lo, pieces in plan.out:
-                chan = 0
-                for p in pieces:
-                    mul_in = plan.irreps_in[p.block].mul
-                    li = plan.irreps_in[p.block].ir.l
-                    width = mul_in * p.mul_f
-                    if p.coefficient is None:
-                        for start, size in chunks(width):
-                            for i in range(2 * lo + 1):
-                                idx = out_offset + (chan + start + np.arange(size)) * (2 * lo + 1) + i
-                                z_ref[b * d_out + iota(idx)] = jnp.zeros((size,), dtype)
-                        chan += width
-                        continue
-                    if p.l_f not in powers:
-                        powers[p.l_f] = functools.reduce(lambda a, _: a * norm, range(p.l_f - 1), norm)
-                    k = len(p.coefficient) // 2
-                    # y[i] = sum_m D_lo[i][lo + m] coeff[k + m] norm^lf x~[src(m)], x~[j] = sum_n x[n] D_li[n][j]
-                    dli, dlo = ds[li], ds[lo]
-                    for start, size in chunks(mul_in):
-                        base = slices[p.block].start
-                        xs = [x_ref[b * d_in + iota(base + (start + np.arange(size)) * (2 * li + 1) + nn)] for nn in range(2 * li + 1)]
-                        xt = {}
-                        for m in range(-k, k + 1):
-                            if p.coefficient[k + m] == 0.0:
-                                continue
-                            j = li - m if p.reverse else li + m
+            power = _powers(norm)
+            _store_zeros(z_ref, b * d_out, zeros, dtype)
+            for blk, outs in by_block.items():
+                li, base = plan.irreps_in[blk].ir.l, slices[blk].start
+                for start, size in chunks(plan.irreps_in[blk].mul):
+                    xs = [x_ref[b * d_in + iota(base + (start + np.arange(size)) * (2 * li + 1) + nn)] for nn in range(2 * li + 1)]
+                    xt = {}
+                    for out in outs:
+                        for _, j, _ in out.pairs:
                             if j not in xt:
-                                xt[j] = _dot([(dli[nn][j], xs[nn]) for nn in range(2 * li + 1)]) if li > 0 else xs[0]
-                        for i in range(2 * lo + 1):
+                                xt[j] = _dot([(ds[li][nn][j], xs[nn]) for nn in range(2 * li + 1)]) if li > 0 else xs[0]
+                        pw = power(out.l_f)
+                        for i in range(2 * out.lo + 1):
                             terms = []
-                            for m in range(-k, k + 1):
-                                c = p.coefficient[k + m]
-                                if c == 0.0:
-                                    continue
-                                j = li - m if p.reverse else li + m
-                                scale = dlo[i][lo + m] * c if lo > 0 else c
-                                if powers[p.l_f] is not None:
-                                    scale = scale * powers[p.l_f]
-                                terms.append((scale, xt[j]))
-                            value = _dot(terms) if terms else jnp.zeros((size,), dtype)
-                            value = value.astype(dtype)
-                            for f in range(p.mul_f):
-                                idx = out_offset + (chan + (start + np.arange(size)) * p.mul_f + f) * (2 * lo + 1) + i
-                                z_ref[b * d_out + iota(idx)] = value
-                    chan += width
-                out_offset += chan * (2 * lo + 1)
+                            for m, j, c in out.pairs:
+                                scale = _mul(ds[out.lo][i][out.lo + m], c) if out.lo > 0 else c
+                                terms.append((scale if pw is None else scale * pw, xt[j]))
+                            _store_out(z_ref, b * d_out, out, start, size, i, _dot(terms).astype(dtype))
 
         rows_loop(n, rows_per_program, row)
 
@@ -232,15 +268,7 @@ def backward(plan, x, r, g, *, normalize: bool = True, rows_per_program: int = 4
     d_out = plan.irreps_out.dim
     slices = plan.irreps_in.slices()
     dtype = x.dtype
-    by_block = {}  # input block -> [(piece, l_o, output offset, channel offset)]
-    offset = 0
-    for lo, pieces in plan.out:
-        chan = 0
-        for p in pieces:
-            if p.coefficient is not None:
-                by_block.setdefault(p.block, []).append((p, lo, offset, chan))
-            chan += plan.irreps_in[p.block].mul * p.mul_f
-        offset += chan * (2 * lo + 1)
+    _, by_block = _layout(plan)
 
     def kernel(x_ref, r_ref, g_ref, gx_ref, gr_ref):
         def row(b):
@@ -250,12 +278,7 @@ def backward(plan, x, r, g, *, normalize: bool = True, rows_per_program: int = 4
             dv = [[[value(e) for e in row_] for row_ in d] for d in ds]
             sens = {}  # (l, i, j) -> dL/dD_l[i][j]
             gr = [0.0, 0.0, 0.0]
-            powers = {}
-
-            def power(lf):
-                if lf not in powers:
-                    powers[lf] = None if lf == 0 else functools.reduce(lambda a, _: a * norm, range(lf - 1), norm)
-                return powers[lf]
+            power = _powers(norm)
 
             for blk, (mul_in, ir) in enumerate(plan.irreps_in):
                 li, base = ir.l, slices[blk].start
@@ -269,36 +292,32 @@ def backward(plan, x, r, g, *, normalize: bool = True, rows_per_program: int = 4
                         continue
                     xs = [x_ref[at(nn)] for nn in range(2 * li + 1)]
                     xt, gxt = {}, {}
-                    for p, lo, out_offset, chan in by_block[blk]:
-                        k = len(p.coefficient) // 2
-                        pw = power(p.l_f)
+                    for out in by_block[blk]:
+                        lo = out.lo
+                        pw = power(out.l_f)
                         pv = 1.0 if pw is None else value(pw)
                         gsum = []
                         for i in range(2 * lo + 1):
                             total = None
-                            for f in range(p.mul_f):
-                                idx = out_offset + (chan + (start + np.arange(size)) * p.mul_f + f) * (2 * lo + 1) + i
+                            for f in range(out.mul_f):
+                                idx = out.offset + (out.chan + (start + np.arange(size)) * out.mul_f + f) * (2 * lo + 1) + i
                                 v = g_ref[b * d_out + iota(idx)]
                                 total = v if total is None else total + v
                             gsum.append(total)
                         s_pow = 0.0
-                        for m in range(-k, k + 1):
-                            c = p.coefficient[k + m]
-                            if c == 0.0:
-                                continue
-                            j = li - m if p.reverse else li + m
+                        for m, j, c in out.pairs:
                             if j not in xt:
                                 xt[j] = _dot([(dv[li][nn][j], xs[nn]) for nn in range(2 * li + 1)]) if li > 0 else xs[0]
                             gt = _dot([(dv[lo][i][lo + m], gsum[i]) for i in range(2 * lo + 1)]) if lo > 0 else gsum[0]
-                            gt = gt * (c * pv)
+                            gt = gt * _mul(c, pv)
                             gxt[j] = gt if j not in gxt else gxt[j] + gt
                             for i in range(2 * lo + 1):
                                 q = jnp.sum(gsum[i] * xt[j])
                                 if lo > 0:
                                     key = (lo, i, lo + m)
-                                    sens[key] = _add(sens.get(key, 0.0), q * (c * pv))
+                                    sens[key] = _add(sens.get(key, 0.0), q * _mul(c, pv))
                                 if isinstance(pw, Dual):
-                                    s_pow = _add(s_pow, q * (c * dv[lo][i][lo + m] if lo > 0 else c))
+                                    s_pow = _add(s_pow, q * (_mul(c, dv[lo][i][lo + m]) if lo > 0 else c))
                         if isinstance(pw, Dual):
                             gr = [_add(gr[a], _mul(s_pow, pw.t[a])) for a in range(3)]
                     for nn in range(2 * li + 1):
@@ -325,58 +344,34 @@ def backward(plan, x, r, g, *, normalize: bool = True, rows_per_program: int = 4
 @functools.partial(jax.jit, static_argnames=("plan", "normalize", "rows_per_program", "num_warps"))
 def tangent(plan, x, r, tx, tr, *, normalize: bool = True, rows_per_program: int = 4, num_warps: int = 4):
     """``(N, out.dim)``: the forward's derivative at ``(x, r)`` along ``(tx, tr)`` (linear in
-    them): the frame's derivatives along ``tr`` per row (:class:`Dual`), then the product's."""
+    them): the frame carries its derivative along ``tr`` per row (a one-tangent :class:`Dual`),
+    then the product's."""
     n = x.shape[0]
     d_in = plan.irreps_in.dim
     d_out = plan.irreps_out.dim
     slices = plan.irreps_in.slices()
     dtype = x.dtype
+    zeros, by_block = _layout(plan)
+
+    def split(e):  # (value, derivative along tr)
+        return (e.v, e.t[0]) if isinstance(e, Dual) else (e, 0.0)
 
     def kernel(x_ref, r_ref, tx_ref, tr_ref, z_ref):
         def row(b):
-            seeds = [Dual(r_ref[b * 3 + a], tuple(1.0 if c == a else 0.0 for c in range(3))) for a in range(3)]
-            trs = [tr_ref[b * 3 + a] for a in range(3)]
+            seeds = [Dual(r_ref[b * 3 + a], (tr_ref[b * 3 + a],)) for a in range(3)]
             rot, norm = _frame(*seeds, normalize)
-            ds = _wigner(rot, plan.lmax)
-
-            def split(e):  # (value, derivative along tr)
-                if not isinstance(e, Dual):
-                    return e, 0.0
-                d = 0.0
-                for a in range(3):
-                    d = _add(d, _mul(e.t[a], trs[a]))
-                return e.v, d
-
-            dd = [[[split(e) for e in row_] for row_ in d] for d in ds]
-            powers = {0: (1.0, 0.0)}
-            out_offset = 0
-            for lo, pieces in plan.out:
-                chan = 0
-                for p in pieces:
-                    mul_in = plan.irreps_in[p.block].mul
-                    li = plan.irreps_in[p.block].ir.l
-                    width = mul_in * p.mul_f
-                    if p.coefficient is None:
-                        for start, size in chunks(width):
-                            for i in range(2 * lo + 1):
-                                idx = out_offset + (chan + start + np.arange(size)) * (2 * lo + 1) + i
-                                z_ref[b * d_out + iota(idx)] = jnp.zeros((size,), dtype)
-                        chan += width
-                        continue
-                    if p.l_f not in powers:
-                        powers[p.l_f] = split(functools.reduce(lambda a, _: a * norm, range(p.l_f - 1), norm))
-                    pv, pd = powers[p.l_f]
-                    k = len(p.coefficient) // 2
-                    for start, size in chunks(mul_in):
-                        base = slices[p.block].start
-                        at = [b * d_in + iota(base + (start + np.arange(size)) * (2 * li + 1) + nn) for nn in range(2 * li + 1)]
-                        xs = [x_ref[a] for a in at]
-                        txs = [tx_ref[a] for a in at]
-                        xt, dxt = {}, {}
-                        for m in range(-k, k + 1):
-                            if p.coefficient[k + m] == 0.0:
-                                continue
-                            j = li - m if p.reverse else li + m
+            dd = [[[split(e) for e in row_] for row_ in d] for d in _wigner(rot, plan.lmax)]
+            power = _powers(norm)
+            _store_zeros(z_ref, b * d_out, zeros, dtype)
+            for blk, outs in by_block.items():
+                li, base = plan.irreps_in[blk].ir.l, slices[blk].start
+                for start, size in chunks(plan.irreps_in[blk].mul):
+                    at = [b * d_in + iota(base + (start + np.arange(size)) * (2 * li + 1) + nn) for nn in range(2 * li + 1)]
+                    xs = [x_ref[a] for a in at]
+                    txs = [tx_ref[a] for a in at]
+                    xt, dxt = {}, {}
+                    for out in outs:
+                        for _, j, _ in out.pairs:
                             if j in xt:
                                 continue
                             if li == 0:
@@ -386,24 +381,16 @@ def tangent(plan, x, r, tx, tr, *, normalize: bool = True, rows_per_program: int
                             pairs = [(dd[li][nn][j][0], txs[nn]) for nn in range(2 * li + 1)]
                             pairs += [(dd[li][nn][j][1], xs[nn]) for nn in range(2 * li + 1) if not _zero(dd[li][nn][j][1])]
                             dxt[j] = _dot(pairs)
-                        for i in range(2 * lo + 1):
+                        pv, pd = split(power(out.l_f)) if out.l_f > 0 else (1.0, 0.0)
+                        for i in range(2 * out.lo + 1):
                             terms = []
-                            for m in range(-k, k + 1):
-                                c = p.coefficient[k + m]
-                                if c == 0.0:
-                                    continue
-                                j = li - m if p.reverse else li + m
-                                dv_, dd_ = dd[lo][i][lo + m] if lo > 0 else (1.0, 0.0)
+                            for m, j, c in out.pairs:
+                                dv_, dd_ = dd[out.lo][i][out.lo + m] if out.lo > 0 else (1.0, 0.0)
                                 terms.append((_mul(c, _mul(dv_, pv)), dxt[j]))
                                 d_scale = _add(_mul(dd_, pv), _mul(dv_, pd))
                                 if not _zero(d_scale):
                                     terms.append((_mul(c, d_scale), xt[j]))
-                            value_ = _dot(terms).astype(dtype) if terms else jnp.zeros((size,), dtype)
-                            for f in range(p.mul_f):
-                                idx = out_offset + (chan + (start + np.arange(size)) * p.mul_f + f) * (2 * lo + 1) + i
-                                z_ref[b * d_out + iota(idx)] = value_
-                    chan += width
-                out_offset += chan * (2 * lo + 1)
+                            _store_out(z_ref, b * d_out, out, start, size, i, _dot(terms).astype(dtype))
 
         rows_loop(n, rows_per_program, row)
 

@@ -79,3 +79,21 @@ def test_sh_tensor_product_pallas_backend_derivatives():
     ):
         for a, ref in zip(jax.tree.leaves(fn("pallas")), jax.tree.leaves(fn("xla"))):
             np.testing.assert_allclose(a, ref, atol=1e-11)
+
+
+def test_float32_kernels_compute_in_float32():
+    """With x64 on, float32 inputs stay float32 inside all three kernels (a numpy float64
+    coefficient would promote the kernels' arithmetic to float64)."""
+    import jax
+
+    irreps_x = e3nn.Irreps("2x0e+2x1o")
+    plan = eaas._plan(irreps_x, (False, False), eaas.sh_irreps("0e+2x1o+2e"), None, "component", "component")
+    x = jnp.ones((3, irreps_x.dim), jnp.float32)
+    r = jnp.ones((3, 3), jnp.float32)
+    g = jnp.ones((3, plan.irreps_out.dim), jnp.float32)
+    for jaxpr in (
+        jax.make_jaxpr(lambda x, r: kernel.forward(plan, x, r, normalize=False))(x, r),
+        jax.make_jaxpr(lambda x, r: kernel.tangent(plan, x, r, x, r, normalize=False))(x, r),
+        jax.make_jaxpr(lambda x, r, g: kernel.backward(plan, x, r, g, normalize=False))(x, r, g),
+    ):
+        assert "f64" not in str(jaxpr)
