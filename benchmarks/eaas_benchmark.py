@@ -1,6 +1,7 @@
 """EAAS against the dense product: ``jequi.sh_tensor_product(x, r, sh)`` against
-``e3nn.tensor_product(x, e3nn.spherical_harmonics(sh, r, True))`` (and jequi's dense
-``jequi.tensor_product`` on the same harmonics), in one process.
+``e3nn.tensor_product(x, e3nn.spherical_harmonics(sh, r, True))``, EAAS by the XLA product
+(``eaas``) and by the kernels (``eaas_pallas``, ``backend="pallas"``), and jequi's dense
+``jequi.tensor_product`` on the same harmonics, in one process.
 
 Problems: ``x = C x (0e + 1o + ... + L)`` (natural parity), harmonics ``0..L``, each row its own
 vector; mode ``filtered`` keeps the outputs ``0e + 1o + ... + L`` (E2Former-V2's use: features of
@@ -51,11 +52,14 @@ def implementations(irreps_x, irreps_sh, filter_ir_out, which):
     def eaas(x, r):
         return jequi.sh_tensor_product(e3nn.IrrepsArray(irreps_x, x), r, irreps_sh, filter_ir_out=filter_ir_out).array
 
+    def eaas_pallas(x, r):
+        return jequi.sh_tensor_product(e3nn.IrrepsArray(irreps_x, x), r, irreps_sh, filter_ir_out=filter_ir_out, backend="pallas").array
+
     def jequi_dense(x, r):
         sh = e3nn.spherical_harmonics(irreps_sh, r, True)
         return jequi.tensor_product(e3nn.IrrepsArray(irreps_x, x), sh, filter_ir_out=filter_ir_out).array
 
-    impls = {"e3nn": dense, "eaas": eaas, "jequi_dense": jequi_dense}
+    impls = {"e3nn": dense, "eaas": eaas, "eaas_pallas": eaas_pallas, "jequi_dense": jequi_dense}
     return {k: impls[k] for k in which}
 
 
@@ -158,7 +162,7 @@ def main():
     ap.add_argument("--rows", default="10000,100000,1000000")
     ap.add_argument("--modes", default="filtered,full")
     ap.add_argument("--full-lmax", type=int, default=3, help="the full product only up to this L")
-    ap.add_argument("--impls", default="e3nn,eaas,jequi_dense")
+    ap.add_argument("--impls", default="e3nn,eaas,eaas_pallas,jequi_dense")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--calls", type=int, default=5)
