@@ -1,6 +1,16 @@
-"""Pallas kernel of the EAAS product's forward (prototype): one row's frame, Wigner D matrices,
-rotation into the frame, per-m map and rotation back, with the channels vectorized and nothing
-but ``x``, ``r`` and the output in HBM. ``plan`` is :func:`jequi.eaas._plan`'s."""
+"""Pallas kernels of the EAAS product (``jequi.sh_tensor_product(..., backend="pallas")``): per
+row, each input degree rotated into the vector's frame once, each path's per-m map, each output
+degree rotated back, with the channels vectorized; ``x``, the output and the row's frame are all
+the kernel reads and writes. ``plan`` is :func:`jequi.eaas._plan`'s.
+
+The frames are XLA's (:func:`jequi.so2.edge_rotation`, :func:`jequi.so2.wigner_d`), packed per
+row as ``[D_0, ..., D_lmax]`` (:func:`frames`); they are a small fraction of the row's bytes
+(``sum (2l+1)^2`` floats against ``C sum (2l+1)`` per degree of ``x``) and keep the kernels free
+of the recursion's scalar code. Derivatives in ``r``: the tangent kernel reads the frames' tangent
+(XLA's jvp); the backward reduces the gradient with respect to the frames to the rotation's
+angular velocity ``w`` (``dD_l = D_l J_l(w)``, :func:`generators`): three channel sums a row,
+which XLA pulls back to ``r``.
+"""
 
 from __future__ import annotations
 
@@ -30,118 +40,75 @@ def _mul(a, b):
     return 0.0 if _zero(a) or _zero(b) else a * b
 
 
-class Dual:
-    """A scalar and its derivatives in ``(r_x, r_y, r_z)``, for the frame's forward-mode
-    derivatives inside a kernel (Python floats are constants; zero derivatives stay 0.0 and
-    cost nothing)."""
-
-    __slots__ = ("v", "t")
-
-    def __init__(self, v, t):
-        self.v, self.t = v, tuple(t)
-
-    def __add__(self, o):
-        if isinstance(o, Dual):
-            return Dual(_add(self.v, o.v), (_add(a, b) for a, b in zip(self.t, o.t)))
-        return Dual(_add(self.v, o), self.t)
-
-    __radd__ = __add__
-
-    def __neg__(self):
-        return Dual(_mul(-1.0, self.v), (_mul(-1.0, a) for a in self.t))
-
-    def __sub__(self, o):
-        return self + (-o)
-
-    def __rsub__(self, o):
-        return (-self) + o
-
-    def __mul__(self, o):
-        if isinstance(o, Dual):
-            return Dual(_mul(self.v, o.v), (_add(_mul(a, o.v), _mul(self.v, b)) for a, b in zip(self.t, o.t)))
-        return Dual(_mul(self.v, o), (_mul(a, o) for a in self.t))
-
-    __rmul__ = __mul__
-
-    def __rtruediv__(self, o):  # o / self, o a constant
-        inv = 1.0 / self.v
-        scale = -o * inv * inv
-        return Dual(o * inv, (_mul(scale, a) for a in self.t))
-
-    def __truediv__(self, o):
-        return self * (1.0 / o)
+def _levi_civita() -> np.ndarray:
+    eps = np.zeros((3, 3, 3))
+    for a, b, c in ((0, 1, 2), (1, 2, 0), (2, 0, 1)):
+        eps[a, b, c], eps[a, c, b] = 1.0, -1.0
+    return eps
 
 
-def value(a):
-    return a.v if isinstance(a, Dual) else a
+# so(3)'s generators in e3nn's l = 1 basis (x, y, z): (G_a)_{bc} = -epsilon_{abc}, so that
+# R^T dR = sum_a w_a G_a with w_a = <G_a, R^T dR> / 2 (<G_a, G_b> = 2 delta_ab, Frobenius).
+GENERATORS = -_levi_civita()
 
 
-def _sqrt(a):
-    if isinstance(a, Dual):
-        s = jnp.sqrt(a.v)
-        return Dual(s, (_mul(0.5 / s, t) for t in a.t))
-    return jnp.sqrt(a)
-
-
-def _frame(rx, ry, rz, normalize: bool):
-    """(R as 3 x 3 nested lists of scalars, norm) of one row, as :func:`jequi.so2.edge_rotation`
-    and :func:`jequi.so2.safe_directions`; scalars or :class:`Dual` (then with derivatives)."""
-    r2 = rx * rx + ry * ry + rz * rz
-    dtype = value(r2).dtype
-    nonzero = (value(r2) > 0).astype(dtype)  # selects as arithmetic: Triton multiplies no booleans
-    length = _sqrt(r2 + (1.0 - nonzero))
-    inv = 1.0 / length
-    dx, dy, dz = rx * inv, ry * inv, rz * inv
-    norm = nonzero if normalize else nonzero * length
-    upper = (value(dy) >= 0).astype(dtype)
-    sign = 2.0 * upper - 1.0
-    v = (sign * dz, 0.0, -(sign * dx))
-    k = [[0.0, -v[2], v[1]], [v[2], 0.0, -v[0]], [-v[1] if not _zero(v[1]) else 0.0, v[0], 0.0]]
-    vv = v[0] * v[0] + v[2] * v[2]
-    inv_den = 1.0 / (1.0 + sign * dy)
-    rot = []
-    for i in range(3):
-        row = []
-        for j in range(3):
-            outer = _mul(v[i], v[j])
-            if i == j:
-                outer = outer - vv
-            entry = (1.0 if i == j else 0.0) + k[i][j] + outer * inv_den
-            row.append(entry * sign if j < 2 else entry)  # the second chart's half turn about z
-        rot.append(row)
-    return rot, norm
-
-
-def _wigner(rot, lmax: int):
-    """[D_0, ..., D_lmax] as nested lists of scalars (:func:`jequi.so2.wigner_d`'s recursion,
-    unrolled over the nonzero Clebsch-Gordan coefficients)."""
-    ds = [[[1.0]]]
+@functools.lru_cache(maxsize=None)
+def generators(lmax: int) -> tuple:
+    """``(J_0, ..., J_lmax)``, ``J_l`` (3, 2l+1, 2l+1): the derivative of :func:`jequi.so2.wigner_d`'s
+    ``D_l`` at the identity along each generator (``J_1 = GENERATORS``), from its recursion
+    ``D_l = C^T (D_{l-1} (x) R) C``, so that ``D_l(R (I + sum_a w_a G_a)) = D_l(R) (I + sum_a w_a
+    J_l[a])`` to first order in ``w``."""
+    js = [np.zeros((3, 1, 1))]
     if lmax >= 1:
-        ds.append(rot)
+        js.append(GENERATORS.copy())
     for l in range(2, lmax + 1):
         c = so2._recursion_cg(l)  # (2l-1, 3, 2l+1)
-        prev = ds[-1]
-        nz = [tuple(int(v) for v in idx) for idx in zip(*np.nonzero(np.abs(c) > 1e-12))]
-        t = {}  # t[i, b, n] = sum_a prev[i][a] c[a, b, n]
-        for a, b, n in nz:
-            for i in range(2 * l - 1):
-                t[i, b, n] = _add(t.get((i, b, n), 0.0), _mul(prev[i][a], float(c[a, b, n])))
-        u = {}  # u[i, j, n] = sum_b R[j][b] t[i, b, n]
-        for (i, b, n), val in t.items():
-            for j in range(3):
-                u[i, j, n] = _add(u.get((i, j, n), 0.0), _mul(rot[j][b], val))
-        d = [[0.0] * (2 * l + 1) for _ in range(2 * l + 1)]
-        for i, j, kk in nz:
-            for n in range(2 * l + 1):
-                if (i, j, n) in u:
-                    d[kk][n] = _add(d[kk][n], _mul(float(c[i, j, kk]), u[i, j, n]))
-        ds.append(d)
-    return ds
+        js.append(np.einsum("ijk,xia,ajn->xkn", c, js[-1], c) + np.einsum("ijk,xjb,ibn->xkn", c, GENERATORS, c))
+    return tuple(js)
+
+
+def _offsets(lmax: int) -> list:
+    """Where ``D_l`` starts in a packed row of frames."""
+    return [sum((2 * k + 1) ** 2 for k in range(l)) for l in range(lmax + 2)]
+
+
+def _rotation_and_norm(r, normalize: bool):
+    """The frame's rotation (:func:`jequi.so2.edge_rotation` of ``r / |r|``) and the harmonics'
+    norm, as :func:`jequi.eaas.frame`."""
+    return so2.edge_rotation(so2.unit(r)), so2.safe_directions(r, normalize)[1]
+
+
+def _packed(rot, lmax: int):
+    return jnp.concatenate([d.reshape(d.shape[0], -1) for d in so2.wigner_d(rot, lmax)], axis=-1)
+
+
+def frames(r, lmax: int, normalize: bool):
+    """``(D (N, sum_l (2l+1)^2), norm (N,))``: each row's ``[D_0, ..., D_lmax]`` packed row-major
+    (:func:`jequi.eaas.frame`'s), the kernels' input."""
+    rot, norm = _rotation_and_norm(r, normalize)
+    return _packed(rot, lmax), norm
+
+
+def _loader(ref, b, lmax: int):
+    """``d(l, i, j)``: ``D_l[i][j]`` of row `b` from a packed ref, each entry loaded once, on first
+    use (``D_0 = 1`` is the constant)."""
+    width, offsets, cache = _offsets(lmax)[-1], _offsets(lmax), {}
+
+    def d(l, i, j):
+        if l == 0:
+            return 1.0
+        if (l, i, j) not in cache:
+            cache[l, i, j] = ref[b * width + offsets[l] + i * (2 * l + 1) + j]
+        return cache[l, i, j]
+
+    return d
 
 
 def _dot(pairs):
     total = None
     for a, b in pairs:
+        if _zero(a):
+            continue
         total = a * b if total is None else fma(a, b, total)
     return total
 
@@ -193,21 +160,44 @@ def _store_zeros(z_ref, base, zeros, dtype):
                 z_ref[base + iota(offset + (chan + start + np.arange(size)) * (2 * lo + 1) + i)] = jnp.zeros((size,), dtype)
 
 
+def _out_index(out: _Out, start, size, f, i):
+    return out.offset + (out.chan + (start + np.arange(size)) * out.mul_f + f) * (2 * out.lo + 1) + i
+
+
 def _store_out(z_ref, base, out: _Out, start, size, i, value):
     for f in range(out.mul_f):
-        z_ref[base + iota(out.offset + (out.chan + (start + np.arange(size)) * out.mul_f + f) * (2 * out.lo + 1) + i)] = value
+        z_ref[base + iota(_out_index(out, start, size, f, i))] = value
 
 
 def _powers(norm):
-    """``norm^l`` by degree, computed once each (None for l = 0)."""
-    cache = {}
+    """``power(l) = norm^l`` (None for l = 0) and ``slope(l) = l norm^(l-1)``, each computed once."""
+    cache = {0: None, 1: norm}
 
     def power(l):
         if l not in cache:
-            cache[l] = None if l == 0 else functools.reduce(lambda a, _: a * norm, range(l - 1), norm)
+            cache[l] = power(l - 1) * norm
         return cache[l]
 
-    return power
+    def slope(l):
+        return 1.0 if l == 1 else float(l) * power(l - 1)
+
+    return power, slope
+
+
+def _rotated(d, li, xs):
+    """``x~[j] = sum_n x[n] D_li[n][j]`` by `j`, each computed once, on first use."""
+    cache = {}
+
+    def xt(j):
+        if j not in cache:
+            cache[j] = xs[0] if li == 0 else _dot([(d(li, nn, j), xs[nn]) for nn in range(2 * li + 1)])
+        return cache[j]
+
+    return xt
+
+
+def _launch(n, rows_per_program):
+    return (pl.cdiv(n, rows_per_program),)
 
 
 @functools.partial(jax.jit, static_argnames=("plan", "normalize", "rows_per_program", "num_warps"))
@@ -215,187 +205,176 @@ def forward(plan, x, r, *, normalize: bool = True, rows_per_program: int = 4, nu
     """``(N, out.dim)``: the EAAS product of the regrouped ``x (N, in.dim)`` with the harmonics of
     ``r (N, 3)``: per input block, ``x~[j] = sum_n x[n] D_li[n][j]`` once, then per output chunk
     ``y[i] = sum_m D_lo[i][lo + m] c_m norm^lf x~[j(m)]``."""
-    n = x.shape[0]
-    d_in = plan.irreps_in.dim
-    d_out = plan.irreps_out.dim
-    slices = plan.irreps_in.slices()
-    dtype = x.dtype
+    n, d_in, d_out = x.shape[0], plan.irreps_in.dim, plan.irreps_out.dim
+    slices, dtype = plan.irreps_in.slices(), x.dtype
     zeros, by_block = _layout(plan)
+    packed, norms = frames(r, plan.lmax, normalize)
 
-    def kernel(x_ref, r_ref, z_ref):
+    def kernel(x_ref, d_ref, n_ref, z_ref):
         def row(b):
-            rot, norm = _frame(*(r_ref[b * 3 + a] for a in range(3)), normalize)
-            ds = _wigner(rot, plan.lmax)
-            power = _powers(norm)
+            d = _loader(d_ref, b, plan.lmax)
+            power, _ = _powers(n_ref[b])
             _store_zeros(z_ref, b * d_out, zeros, dtype)
             for blk, outs in by_block.items():
                 li, base = plan.irreps_in[blk].ir.l, slices[blk].start
                 for start, size in chunks(plan.irreps_in[blk].mul):
-                    xs = [x_ref[b * d_in + iota(base + (start + np.arange(size)) * (2 * li + 1) + nn)] for nn in range(2 * li + 1)]
-                    xt = {}
+                    xt = _rotated(d, li, [x_ref[b * d_in + iota(base + (start + np.arange(size)) * (2 * li + 1) + nn)] for nn in range(2 * li + 1)])
                     for out in outs:
-                        for _, j, _ in out.pairs:
-                            if j not in xt:
-                                xt[j] = _dot([(ds[li][nn][j], xs[nn]) for nn in range(2 * li + 1)]) if li > 0 else xs[0]
                         pw = power(out.l_f)
                         for i in range(2 * out.lo + 1):
                             terms = []
                             for m, j, c in out.pairs:
-                                scale = _mul(ds[out.lo][i][out.lo + m], c) if out.lo > 0 else c
-                                terms.append((scale if pw is None else scale * pw, xt[j]))
-                            _store_out(z_ref, b * d_out, out, start, size, i, _dot(terms).astype(dtype))
+                                scale = _mul(d(out.lo, i, out.lo + m), c)
+                                terms.append((scale if pw is None or _zero(scale) else scale * pw, xt(j)))
+                            total = _dot(terms)
+                            _store_out(z_ref, b * d_out, out, start, size, i, (jnp.zeros((size,), dtype) if total is None else total).astype(dtype))
 
         rows_loop(n, rows_per_program, row)
 
-    grid = (pl.cdiv(n, rows_per_program),)
-    z = pallas_call(kernel, jax.ShapeDtypeStruct((n * d_out,), dtype), grid, num_warps, name="jequi_eaas_fwd")(
-        x.reshape(-1), r.reshape(-1)
+    z = pallas_call(kernel, jax.ShapeDtypeStruct((n * d_out,), dtype), _launch(n, rows_per_program), num_warps, name="jequi_eaas_fwd")(
+        x.reshape(-1), packed.reshape(-1), norms
     )
     return z.reshape(n, d_out)
 
 
-def _tangent(a, k):
-    return a.t[k] if isinstance(a, Dual) else 0.0
-
-
 @functools.partial(jax.jit, static_argnames=("plan", "normalize", "rows_per_program", "num_warps"))
 def backward(plan, x, r, g, *, normalize: bool = True, rows_per_program: int = 4, num_warps: int = 4):
-    """``(gx (N, in.dim), gr (N, 3))``: the gradients of ``<g, forward(plan, x, r)>``. Per row the
-    frame carries its derivatives in ``r`` (:class:`Dual`); the channel sums against the Wigner
-    entries (``dL/dD``) are reduced on chip and contracted with them."""
-    n = x.shape[0]
-    d_in = plan.irreps_in.dim
-    d_out = plan.irreps_out.dim
-    slices = plan.irreps_in.slices()
-    dtype = x.dtype
-    _, by_block = _layout(plan)
+    """``(gx (N, in.dim), gr (N, 3))``: the gradients of ``<g, forward(plan, x, r)>``.
 
-    def kernel(x_ref, r_ref, g_ref, gx_ref, gr_ref):
+    The kernel writes ``gx``, the gradient in the rotation's angular velocity ``w`` and in the
+    norm. With ``g~ = D_lo^T g`` and ``x~ = D_li^T x`` in the frame, ``dL/dw_a`` sums, over the
+    channels, ``c pw <(J_lo[a]^T g~)[lo + m], x~[j]>`` per output term and ``<gx~[j], (J_li[a]^T
+    x~)[j]>`` per input component; XLA maps ``w`` to the rotation (``dL/dR = R sum_a dL/dw_a
+    G_a / 2``) and pulls it back to ``r``."""
+    n, d_in, d_out = x.shape[0], plan.irreps_in.dim, plan.irreps_out.dim
+    slices, dtype = plan.irreps_in.slices(), x.dtype
+    _, by_block = _layout(plan)
+    js = generators(plan.lmax)
+    (rot, norms), pull = jax.vjp(lambda r_: _rotation_and_norm(r_, normalize), r)
+    packed = _packed(rot, plan.lmax)
+
+    def sources(l, a, q):
+        """``(k, J_l[a][k][q])``: the nonzero entries of column `q`."""
+        return [(k, float(js[l][a, k, q])) for k in range(2 * l + 1) if abs(js[l][a, k, q]) > 1e-12]
+
+    def kernel(x_ref, d_ref, n_ref, g_ref, gx_ref, gw_ref, gn_ref):
         def row(b):
-            seeds = [Dual(r_ref[b * 3 + a], tuple(1.0 if c == a else 0.0 for c in range(3))) for a in range(3)]
-            rot, norm = _frame(*seeds, normalize)
-            ds = _wigner(rot, plan.lmax)
-            dv = [[[value(e) for e in row_] for row_ in d] for d in ds]
-            sens = {}  # (l, i, j) -> dL/dD_l[i][j]
-            gr = [0.0, 0.0, 0.0]
-            power = _powers(norm)
+            d = _loader(d_ref, b, plan.lmax)
+            power, slope = _powers(n_ref[b])
+            acc = {}  # (a or "norm", chunk size) -> per-channel partial sums
+
+            def add(key, size, a, v):
+                if not _zero(a):
+                    acc[key, size] = a * v if (key, size) not in acc else fma(a, v, acc[key, size])
 
             for blk, (mul_in, ir) in enumerate(plan.irreps_in):
                 li, base = ir.l, slices[blk].start
                 for start, size in chunks(mul_in):
-                    def at(nn):
-                        return b * d_in + iota(base + (start + np.arange(size)) * (2 * li + 1) + nn)
-
+                    at = [b * d_in + iota(base + (start + np.arange(size)) * (2 * li + 1) + nn) for nn in range(2 * li + 1)]
                     if blk not in by_block:
-                        for nn in range(2 * li + 1):
-                            gx_ref[at(nn)] = jnp.zeros((size,), dtype)
+                        for idx in at:
+                            gx_ref[idx] = jnp.zeros((size,), dtype)
                         continue
-                    xs = [x_ref[at(nn)] for nn in range(2 * li + 1)]
-                    xt, gxt = {}, {}
+                    xs = [x_ref[idx] for idx in at]
+                    xt = _rotated(d, li, xs)
+                    gxt = {}
                     for out in by_block[blk]:
                         lo = out.lo
                         pw = power(out.l_f)
-                        pv = 1.0 if pw is None else value(pw)
                         gsum = []
                         for i in range(2 * lo + 1):
-                            total = None
-                            for f in range(out.mul_f):
-                                idx = out.offset + (out.chan + (start + np.arange(size)) * out.mul_f + f) * (2 * lo + 1) + i
-                                v = g_ref[b * d_out + iota(idx)]
-                                total = v if total is None else total + v
-                            gsum.append(total)
-                        s_pow = 0.0
+                            parts = [g_ref[b * d_out + iota(_out_index(out, start, size, f, i))] for f in range(out.mul_f)]
+                            gsum.append(functools.reduce(lambda p, q: p + q, parts))
+                        gt = _rotated(d, lo, gsum)  # g~[k] = sum_i D_lo[i][k] g[i]
                         for m, j, c in out.pairs:
-                            if j not in xt:
-                                xt[j] = _dot([(dv[li][nn][j], xs[nn]) for nn in range(2 * li + 1)]) if li > 0 else xs[0]
-                            gt = _dot([(dv[lo][i][lo + m], gsum[i]) for i in range(2 * lo + 1)]) if lo > 0 else gsum[0]
-                            gt = gt * _mul(c, pv)
-                            gxt[j] = gt if j not in gxt else gxt[j] + gt
-                            for i in range(2 * lo + 1):
-                                q = jnp.sum(gsum[i] * xt[j])
-                                if lo > 0:
-                                    key = (lo, i, lo + m)
-                                    sens[key] = _add(sens.get(key, 0.0), q * _mul(c, pv))
-                                if isinstance(pw, Dual):
-                                    s_pow = _add(s_pow, q * (_mul(c, dv[lo][i][lo + m]) if lo > 0 else c))
-                        if isinstance(pw, Dual):
-                            gr = [_add(gr[a], _mul(s_pow, pw.t[a])) for a in range(3)]
+                            q = lo + m
+                            scaled = gt(q) * (c if pw is None else c * pw)
+                            gxt[j] = scaled if j not in gxt else gxt[j] + scaled
+                            weighted = xt(j) * (c if pw is None else c * pw)
+                            for a in range(3):  # (J_lo[a]^T g~)[q] against x~[j]
+                                src = sources(lo, a, q)
+                                if src:
+                                    add(a, size, 1.0, weighted * _dot([(v, gt(k)) for k, v in src]))
+                            if pw is not None and not normalize:
+                                add("norm", size, c * slope(out.l_f), gt(q) * xt(j))
                     for nn in range(2 * li + 1):
-                        terms = [(dv[li][nn][j], gxt[j]) for j in gxt] if li > 0 else [(1.0, gxt[0])]
-                        gx_ref[at(nn)] = _dot(terms).astype(dtype)
-                        if li > 0:
-                            for j in gxt:
-                                key = (li, nn, j)
-                                sens[key] = _add(sens.get(key, 0.0), jnp.sum(xs[nn] * gxt[j]))
-            for (l, i, j), s in sens.items():
-                gr = [_add(gr[a], _mul(s, _tangent(ds[l][i][j], a))) for a in range(3)]
+                        gx_ref[at[nn]] = _dot([(d(li, nn, j), gxt[j]) for j in gxt]).astype(dtype)
+                    for j, v in gxt.items():
+                        for a in range(3):  # gx~[j] against (J_li[a]^T x~)[j]
+                            src = sources(li, a, j)
+                            if src:
+                                add(a, size, 1.0, v * _dot([(w, xt(k)) for k, w in src]))
+
+            def total(key):
+                parts = [jnp.sum(v) for (k, _), v in acc.items() if k == key]
+                return functools.reduce(lambda p, q: p + q, parts) if parts else jnp.zeros((), dtype)
+
             for a in range(3):
-                total = gr[a]
-                gr_ref[b * 3 + a] = (jnp.zeros((), dtype) if _zero(total) else total).astype(dtype)
+                gw_ref[b * 3 + a] = total(a).astype(dtype)
+            gn_ref[b] = total("norm").astype(dtype)
 
         rows_loop(n, rows_per_program, row)
 
-    grid = (pl.cdiv(n, rows_per_program),)
-    shapes = (jax.ShapeDtypeStruct((n * d_in,), dtype), jax.ShapeDtypeStruct((n * 3,), dtype))
-    gx, gr = pallas_call(kernel, shapes, grid, num_warps, name="jequi_eaas_bwd")(x.reshape(-1), r.reshape(-1), g.reshape(-1))
-    return gx.reshape(n, d_in), gr.reshape(n, 3)
+    shapes = (jax.ShapeDtypeStruct((n * d_in,), dtype), jax.ShapeDtypeStruct((n * 3,), dtype), jax.ShapeDtypeStruct((n,), dtype))
+    gx, gw, gn = pallas_call(kernel, shapes, _launch(n, rows_per_program), num_warps, name="jequi_eaas_bwd")(
+        x.reshape(-1), packed.reshape(-1), norms, g.reshape(-1)
+    )
+    g_rot = rot @ jnp.einsum("na,abc->nbc", gw.reshape(n, 3), jnp.asarray(GENERATORS / 2, dtype))
+    (gr,) = pull((g_rot, gn))
+    return gx.reshape(n, d_in), gr
 
 
 @functools.partial(jax.jit, static_argnames=("plan", "normalize", "rows_per_program", "num_warps"))
 def tangent(plan, x, r, tx, tr, *, normalize: bool = True, rows_per_program: int = 4, num_warps: int = 4):
     """``(N, out.dim)``: the forward's derivative at ``(x, r)`` along ``(tx, tr)`` (linear in
-    them): the frame carries its derivative along ``tr`` per row (a one-tangent :class:`Dual`),
-    then the product's."""
-    n = x.shape[0]
-    d_in = plan.irreps_in.dim
-    d_out = plan.irreps_out.dim
-    slices = plan.irreps_in.slices()
-    dtype = x.dtype
+    them), the frames' tangent from XLA's forward mode."""
+    n, d_in, d_out = x.shape[0], plan.irreps_in.dim, plan.irreps_out.dim
+    slices, dtype = plan.irreps_in.slices(), x.dtype
     zeros, by_block = _layout(plan)
+    (packed, norms), (t_packed, t_norms) = jax.jvp(lambda r_: frames(r_, plan.lmax, normalize), (r,), (tr,))
 
-    def split(e):  # (value, derivative along tr)
-        return (e.v, e.t[0]) if isinstance(e, Dual) else (e, 0.0)
-
-    def kernel(x_ref, r_ref, tx_ref, tr_ref, z_ref):
+    def kernel(x_ref, d_ref, n_ref, tx_ref, td_ref, tn_ref, z_ref):
         def row(b):
-            seeds = [Dual(r_ref[b * 3 + a], (tr_ref[b * 3 + a],)) for a in range(3)]
-            rot, norm = _frame(*seeds, normalize)
-            dd = [[[split(e) for e in row_] for row_ in d] for d in _wigner(rot, plan.lmax)]
-            power = _powers(norm)
+            d, td = _loader(d_ref, b, plan.lmax), _loader(td_ref, b, plan.lmax)
+            power, slope = _powers(n_ref[b])
+            t_norm = tn_ref[b]
+
+            def dt(l, i, j):  # the tangent of D_l[i][j] (D_0 = 1 is constant)
+                return 0.0 if l == 0 else td(l, i, j)
+
             _store_zeros(z_ref, b * d_out, zeros, dtype)
             for blk, outs in by_block.items():
                 li, base = plan.irreps_in[blk].ir.l, slices[blk].start
                 for start, size in chunks(plan.irreps_in[blk].mul):
                     at = [b * d_in + iota(base + (start + np.arange(size)) * (2 * li + 1) + nn) for nn in range(2 * li + 1)]
-                    xs = [x_ref[a] for a in at]
-                    txs = [tx_ref[a] for a in at]
-                    xt, dxt = {}, {}
+                    xs = [x_ref[idx] for idx in at]
+                    txs = [tx_ref[idx] for idx in at]
+                    xt, txt = _rotated(d, li, xs), _rotated(d, li, txs)
+                    dxt = {}
+
+                    def x_dot(j):  # d/dt of x~[j]: D^T tx + dD^T x
+                        if j not in dxt:
+                            dxt[j] = txt(j) if li == 0 else _dot([(dt(li, nn, j), xs[nn]) for nn in range(2 * li + 1)] + [(1.0, txt(j))])
+                        return dxt[j]
+
                     for out in outs:
-                        for _, j, _ in out.pairs:
-                            if j in xt:
-                                continue
-                            if li == 0:
-                                xt[j], dxt[j] = xs[0], txs[0]
-                                continue
-                            xt[j] = _dot([(dd[li][nn][j][0], xs[nn]) for nn in range(2 * li + 1)])
-                            pairs = [(dd[li][nn][j][0], txs[nn]) for nn in range(2 * li + 1)]
-                            pairs += [(dd[li][nn][j][1], xs[nn]) for nn in range(2 * li + 1) if not _zero(dd[li][nn][j][1])]
-                            dxt[j] = _dot(pairs)
-                        pv, pd = split(power(out.l_f)) if out.l_f > 0 else (1.0, 0.0)
+                        pw = power(out.l_f)
+                        pv = 1.0 if pw is None else pw
+                        pd = 0.0 if pw is None or normalize else slope(out.l_f) * t_norm
                         for i in range(2 * out.lo + 1):
                             terms = []
                             for m, j, c in out.pairs:
-                                dv_, dd_ = dd[out.lo][i][out.lo + m] if out.lo > 0 else (1.0, 0.0)
-                                terms.append((_mul(c, _mul(dv_, pv)), dxt[j]))
-                                d_scale = _add(_mul(dd_, pv), _mul(dv_, pd))
+                                dv = d(out.lo, i, out.lo + m)
+                                terms.append((_mul(c, _mul(dv, pv)), x_dot(j)))
+                                d_scale = _add(_mul(dt(out.lo, i, out.lo + m), pv), _mul(dv, pd))
                                 if not _zero(d_scale):
-                                    terms.append((_mul(c, d_scale), xt[j]))
-                            _store_out(z_ref, b * d_out, out, start, size, i, _dot(terms).astype(dtype))
+                                    terms.append((_mul(c, d_scale), xt(j)))
+                            total = _dot(terms)
+                            _store_out(z_ref, b * d_out, out, start, size, i, (jnp.zeros((size,), dtype) if total is None else total).astype(dtype))
 
         rows_loop(n, rows_per_program, row)
 
-    grid = (pl.cdiv(n, rows_per_program),)
-    z = pallas_call(kernel, jax.ShapeDtypeStruct((n * d_out,), dtype), grid, num_warps, name="jequi_eaas_jvp")(
-        x.reshape(-1), r.reshape(-1), tx.reshape(-1), tr.reshape(-1)
+    z = pallas_call(kernel, jax.ShapeDtypeStruct((n * d_out,), dtype), _launch(n, rows_per_program), num_warps, name="jequi_eaas_jvp")(
+        x.reshape(-1), packed.reshape(-1), norms, tx.reshape(-1), t_packed.reshape(-1), t_norms
     )
     return z.reshape(n, d_out)

@@ -1,4 +1,4 @@
-"""The EAAS forward kernel (prototype, pallas_kernels.eaas) against the XLA product, in
+"""The EAAS kernels (pallas_kernels.eaas) against the XLA product and its derivatives, in
 interpret mode on CPU: odd and even paths, pseudovectors, harmonics with multiplicities, the
 poles +-y and r = 0."""
 
@@ -81,6 +81,33 @@ def test_sh_tensor_product_pallas_backend_derivatives():
             np.testing.assert_allclose(a, ref, atol=1e-11)
 
 
+def test_generators_are_the_wigner_matrices_derivatives():
+    """J_l[a] (the backward's reduction to the angular velocity) is the derivative of
+    so2.wigner_d's D_l at the identity along generator a, and antisymmetric."""
+    import jax
+
+    from jequi import so2
+
+    js = kernel.generators(4)
+    for a in range(3):
+        tangents = jax.jvp(lambda rot: so2.wigner_d(rot, 4), (jnp.eye(3),), (jnp.asarray(kernel.GENERATORS[a]),))[1]
+        for l, t in enumerate(tangents):
+            np.testing.assert_allclose(t, js[l][a], atol=1e-12)
+            np.testing.assert_allclose(js[l][a], -js[l][a].T, atol=1e-12)
+
+
+def _kernel_bodies(jaxpr):
+    """The jaxprs of the pallas_calls in `jaxpr`, at any depth."""
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "pallas_call":
+            yield eqn.params["jaxpr"]
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, (tuple, list)) else (param,):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    yield from _kernel_bodies(inner)
+
+
 def test_float32_kernels_compute_in_float32():
     """With x64 on, float32 inputs stay float32 inside all three kernels (a numpy float64
     coefficient would promote the kernels' arithmetic to float64)."""
@@ -96,4 +123,7 @@ def test_float32_kernels_compute_in_float32():
         jax.make_jaxpr(lambda x, r: kernel.tangent(plan, x, r, x, r, normalize=False))(x, r),
         jax.make_jaxpr(lambda x, r, g: kernel.backward(plan, x, r, g, normalize=False))(x, r, g),
     ):
-        assert "f64" not in str(jaxpr)
+        bodies = list(_kernel_bodies(jaxpr.jaxpr))
+        assert len(bodies) == 1
+        assert "f64" not in str(bodies[0])
+        assert "f32" in str(bodies[0])
