@@ -8,6 +8,7 @@ Device tool, from the repo root, after ``source benchmarks/model_env.sh``:
 Prints and writes ``<date>-<device>-eaas-launch.{json,md}``: per cell (L, channels, rows) and
 launch shape, ms of each kernel and the forward's bandwidth (bytes of x, r and out / time).
 Cells past --time-limit seconds are skipped (a backward kernel at L = 4 compiles for minutes).
+The files are also written into $OUT under the same name: give one invocation all its cells.
 """
 
 from __future__ import annotations
