@@ -217,9 +217,11 @@ def sh_tensor_product(x, vectors, irreps_sh, *, filter_ir_out=None, normalize: b
     """``e3nn.tensor_product(x, e3nn.spherical_harmonics(irreps_sh, vectors, normalize),
     filter_ir_out=filter_ir_out)``, computed in each vector's frame (EAAS).
 
-    Up to harmonics of degree 4 (the highest measured) on a GPU, :func:`jequi.tensor_product` of
-    ``x`` and the harmonics (the dense kernels) computes the same product faster, forward and
-    backward (docs/e2former.md#eaas-jequish_tensor_product).
+    On a GPU up to harmonics of degree 4 (the highest measured), :func:`jequi.tensor_product` of
+    ``x`` and the harmonics (the dense kernels) computes the same product faster forward, and
+    forward and backward at degree 2; ``backend="pallas"`` is 2-2.4x e3nn-jax at degrees 2 and
+    4 and the fastest forward and backward at 4, but compiles for minutes there
+    (docs/e2former.md#eaas-jequish_tensor_product).
 
     Args:
         x: ``e3nn_jax.IrrepsArray`` (..., dim) (a plain array is ``Nx0e``, as in e3nn).
@@ -231,9 +233,9 @@ def sh_tensor_product(x, vectors, irreps_sh, *, filter_ir_out=None, normalize: b
             list of them); None keeps all.
         normalize: harmonics of ``r / |r|`` (True) or the polynomials of ``r`` (False).
         backend: ``"xla"`` (pure ``jnp``) or ``"pallas"`` (the kernels of
-            :mod:`pallas_kernels.eaas`: one pass per row over ``x``, ``r`` and the output; first
-            derivatives and forward mode by kernels, second derivatives in ``(x, r)`` through
-            the XLA product).
+            :mod:`pallas_kernels.eaas`: one pass per row over ``x``, the frames XLA computes and
+            the output; first derivatives and forward mode by kernels, second derivatives in
+            ``(x, r)`` through the XLA product).
 
     Returns:
         ``IrrepsArray`` with e3nn's output irreps (sorted and merged), zero flags and values; the
