@@ -1,6 +1,7 @@
 """EAAS against the dense product: ``jequi.sh_tensor_product(x, r, sh)`` against
-``e3nn.tensor_product(x, e3nn.spherical_harmonics(sh, r, True))`` (and jequi's dense
-``jequi.tensor_product`` on the same harmonics), in one process.
+``e3nn.tensor_product(x, e3nn.spherical_harmonics(sh, r, True))``, EAAS by the XLA product
+(``eaas``) and by the kernels (``eaas_pallas``, ``backend="pallas"``), and jequi's dense
+``jequi.tensor_product`` on the same harmonics, in one process.
 
 Problems: ``x = C x (0e + 1o + ... + L)`` (natural parity), harmonics ``0..L``, each row its own
 vector; mode ``filtered`` keeps the outputs ``0e + 1o + ... + L`` (E2Former-V2's use: features of
@@ -51,11 +52,14 @@ def implementations(irreps_x, irreps_sh, filter_ir_out, which):
     def eaas(x, r):
         return jequi.sh_tensor_product(e3nn.IrrepsArray(irreps_x, x), r, irreps_sh, filter_ir_out=filter_ir_out).array
 
+    def eaas_pallas(x, r):
+        return jequi.sh_tensor_product(e3nn.IrrepsArray(irreps_x, x), r, irreps_sh, filter_ir_out=filter_ir_out, backend="pallas").array
+
     def jequi_dense(x, r):
         sh = e3nn.spherical_harmonics(irreps_sh, r, True)
         return jequi.tensor_product(e3nn.IrrepsArray(irreps_x, x), sh, filter_ir_out=filter_ir_out).array
 
-    impls = {"e3nn": dense, "eaas": eaas, "jequi_dense": jequi_dense}
+    impls = {"e3nn": dense, "eaas": eaas, "eaas_pallas": eaas_pallas, "jequi_dense": jequi_dense}
     return {k: impls[k] for k in which}
 
 
@@ -125,15 +129,17 @@ def _ratio(cell, name, key):
 
 def write(result, out) -> str:
     impls = result["impls"]
+    eaas_impls = [k for k in impls if k.startswith("eaas")]
     lines = [
         f"# EAAS (jequi.sh_tensor_product) vs the dense product with spherical harmonics, {result['device']} ({result['date']})", "",
         ", ".join(f"{k} {v}" for k, v in result["versions"].items() if v) + f"; {result['dtype']}; "
         f"median of {result['repeat']} runs of {result['calls']} calls; fwd+bwd: grad of sum(out^2) in x and r.",
         "x = C x (0e+1o+...+L), harmonics 0..L, one vector per row; filtered: outputs 0e+1o+...+L; full: every output. "
-        "Speed-up = e3nn ms / EAAS ms; GB/s = bytes of x, r and out / EAAS fwd time.", "",
+        "Speed-up = e3nn ms / EAAS ms; GB/s = bytes of x, r and out / EAAS fwd time; first call s: the first "
+        "fwd+bwd call of the cell (compile included).", "",
         "| L | C | mode | rows | dim in -> out | " + " | ".join(f"{k} fwd ms | {k} fwd+bwd ms" for k in impls)
-        + " | EAAS speed-up fwd | fwd+bwd | EAAS fwd GB/s | diff vs e3nn |",
-        "|" + "---|" * (5 + 2 * len(impls) + 4),
+        + "".join(f" | {k} speed-up fwd | fwd+bwd | {k} fwd GB/s | {k} fwd+bwd first call s" for k in eaas_impls) + " | diff vs e3nn |",
+        "|" + "---|" * (5 + 2 * len(impls) + 4 * len(eaas_impls) + 1),
     ]  # fmt: skip
     for c in result["cells"]:
         head = f"| {c['L']} | {c['channels']} | {c['mode']} | {c['rows']} | {c['dim_in']} -> {c['dim_out']} |"
@@ -144,10 +150,13 @@ def write(result, out) -> str:
         for k in impls:
             v = c.get(k, {})
             times += [f"{v['fwd_ms']:.3f}", f"{v['fwd_bwd_ms']:.3f}"] if "fwd_ms" in v else [v.get("error", "-")[:40], "-"]
-        eaas = c.get("eaas", {})
-        gbs = f"{c['io_bytes'] / eaas['fwd_ms'] / 1e6:.0f}" if "fwd_ms" in eaas else "-"
+        for k in eaas_impls:
+            v = c.get(k, {})
+            gbs = f"{c['io_bytes'] / v['fwd_ms'] / 1e6:.0f}" if "fwd_ms" in v else "-"
+            first = f"{v['fwd_bwd_compile_s']:.1f}" if "fwd_bwd_compile_s" in v else "-"
+            times += [_ratio(c, k, "fwd_ms"), _ratio(c, k, "fwd_bwd_ms"), gbs, first]
         diff = ", ".join(f"{k} {v:.1e}" for k, v in c.get("rel_diff_vs_e3nn", {}).items())
-        lines.append(head + " " + " | ".join(times) + f" | {_ratio(c, 'eaas', 'fwd_ms')} | {_ratio(c, 'eaas', 'fwd_bwd_ms')} | {gbs} | {diff} |")
+        lines.append(head + " " + " | ".join(times) + f" | {diff} |")
     return save(result, "eaas", "\n".join(lines) + "\n", out)
 
 
@@ -158,7 +167,7 @@ def main():
     ap.add_argument("--rows", default="10000,100000,1000000")
     ap.add_argument("--modes", default="filtered,full")
     ap.add_argument("--full-lmax", type=int, default=3, help="the full product only up to this L")
-    ap.add_argument("--impls", default="e3nn,eaas,jequi_dense")
+    ap.add_argument("--impls", default="e3nn,eaas,eaas_pallas,jequi_dense")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--calls", type=int, default=5)

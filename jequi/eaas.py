@@ -195,20 +195,33 @@ def _product(plan: _Plan, x, ds, norm, leading, dtype):
     return outputs[0] if len(outputs) == 1 else jnp.concatenate(outputs, axis=-1)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 3, 4, 5))
-def _run(plan: _Plan, x, vectors, normalize: bool, leading: tuple, dtype):
+BACKENDS = ("xla", "pallas")
+
+
+@functools.partial(jax.jit, static_argnums=(0, 3, 4, 5, 6))
+def _run(plan: _Plan, x, vectors, normalize: bool, leading: tuple, dtype, backend: str):
     """Frames and product as one compiled function (op-by-op dispatch would compile each op)."""
+    if backend == "pallas" and plan.irreps_out.dim > 0 and int(np.prod(leading)) > 0:
+        from . import eaas_autodiff  # the kernels import this module
+
+        rows = int(np.prod(leading))
+        x = jnp.broadcast_to(x, (*leading, x.shape[-1])).reshape(rows, -1)
+        r = jnp.broadcast_to(vectors, (*leading, 3)).reshape(rows, 3)
+        z = eaas_autodiff.fused_product(eaas_autodiff.Spec(plan, normalize), x, r)
+        return z.reshape(*leading, -1)
     ds, norm = frame(vectors, plan.lmax, normalize)
     return _product(plan, x, ds, norm, leading, dtype)
 
 
-def sh_tensor_product(x, vectors, irreps_sh, *, filter_ir_out=None, normalize: bool = True):
+def sh_tensor_product(x, vectors, irreps_sh, *, filter_ir_out=None, normalize: bool = True, backend: str = "xla"):
     """``e3nn.tensor_product(x, e3nn.spherical_harmonics(irreps_sh, vectors, normalize),
     filter_ir_out=filter_ir_out)``, computed in each vector's frame (EAAS).
 
-    Up to harmonics of degree 4 (the highest measured) on a GPU, :func:`jequi.tensor_product` of
-    ``x`` and the harmonics (the dense kernels) computes the same product faster, forward and
-    backward (docs/e2former.md#eaas-jequish_tensor_product).
+    On a GPU up to harmonics of degree 4 (the highest measured), :func:`jequi.tensor_product` of
+    ``x`` and the harmonics (the dense kernels) computes the same product faster forward, and
+    forward and backward at degree 2; ``backend="pallas"`` is 2-2.4x e3nn-jax at degrees 2 and
+    4 and the fastest forward and backward at 4, but compiles for minutes there
+    (docs/e2former.md#eaas-jequish_tensor_product).
 
     Args:
         x: ``e3nn_jax.IrrepsArray`` (..., dim) (a plain array is ``Nx0e``, as in e3nn).
@@ -219,6 +232,10 @@ def sh_tensor_product(x, vectors, irreps_sh, *, filter_ir_out=None, normalize: b
         filter_ir_out: keep only these output irreps (irreps string, ``Irreps``, an ``Irrep`` or a
             list of them); None keeps all.
         normalize: harmonics of ``r / |r|`` (True) or the polynomials of ``r`` (False).
+        backend: ``"xla"`` (pure ``jnp``) or ``"pallas"`` (the kernels of
+            :mod:`pallas_kernels.eaas`: one pass per row over ``x``, the frames XLA computes and
+            the output; first derivatives and forward mode by kernels, second derivatives in
+            ``(x, r)`` through the XLA product).
 
     Returns:
         ``IrrepsArray`` with e3nn's output irreps (sorted and merged), zero flags and values; the
@@ -231,6 +248,8 @@ def sh_tensor_product(x, vectors, irreps_sh, *, filter_ir_out=None, normalize: b
     sh_normalization = e3nn.config("spherical_harmonics_normalization")
     if irrep_normalization not in ("component", "norm", "none"):
         raise ValueError(f"e3nn's irrep_normalization must be 'component', 'norm' or 'none', got {irrep_normalization!r}")
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r} for sh_tensor_product; choose one of {BACKENDS}")
     vec, parity = _vectors(vectors)
     irreps_sh = sh_irreps(irreps_sh, parity)
     x = e3nn.as_irreps_array(x)
@@ -243,5 +262,5 @@ def sh_tensor_product(x, vectors, irreps_sh, *, filter_ir_out=None, normalize: b
         raise ValueError(f"leading dims of x {x.shape} and vectors {vec.shape} do not broadcast") from exc
     plan = _plan(x.irreps, tuple(bool(f) for f in x.zero_flags), irreps_sh, filter_irs, irrep_normalization, sh_normalization)
     array = _reorder(x.array.astype(dtype), x.irreps, plan.order)
-    z = _run(plan, array, vec.astype(dtype), bool(normalize), tuple(leading), jnp.dtype(dtype))
+    z = _run(plan, array, vec.astype(dtype), bool(normalize), tuple(leading), jnp.dtype(dtype), backend)
     return e3nn.IrrepsArray(plan.irreps_out, z, zero_flags=plan.zero_flags)
