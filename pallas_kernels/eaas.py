@@ -7,8 +7,8 @@ The frames are XLA's (:func:`jequi.so2.edge_rotation`, :func:`jequi.so2.wigner_d
 row as ``[D_0, ..., D_lmax]`` (:func:`frames`); they are a small fraction of the row's bytes
 (``sum (2l+1)^2`` floats against ``C sum (2l+1)`` per degree of ``x``) and keep the kernels free
 of the recursion's scalar code: computed per row in the kernels, with dual numbers for the
-backward, they made forward and backward 2x slower at L = 2 and the backward's compile at L = 4
-too long to measure (benchmarks/results/2026-11-28-nvidia-h100-80gb-hbm3-eaas-pallas-frames-in-kernel.md).
+backward, they made forward and backward 2x slower at L = 2, and the compile at L = 4 ran past
+the run's time limit (over 3 minutes; benchmarks/results/2026-11-28-nvidia-h100-80gb-hbm3-eaas-pallas-frames-in-kernel.md).
 Derivatives in ``r``: the tangent kernel reads the frames' tangent
 (XLA's jvp); the backward reduces the gradient with respect to the frames to the rotation's
 angular velocity ``w`` (``dD_l = D_l J_l(w)``, :func:`generators`): three channel sums a row,
