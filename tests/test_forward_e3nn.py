@@ -7,17 +7,22 @@ from conftest import assert_close, e3nn_tp, random_inputs
 
 import jequi
 
-TOL = {np.float32: 2e-5, np.float64: 1e-12}
+TOL = 1e-12
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+# The xla backend's forward is the same program in either dtype (its CG blocks cast to the
+# inputs'): values in float64, where the tolerance is tight, and float32's output dtype from
+# the traced shapes (nothing to compile). test_derivatives.py::test_float32_gradients runs it
+# in float32.
 @pytest.mark.parametrize("name", jequi.problems.names())
-def test_catalogue_problem(name, dtype):
+def test_catalogue_problem(name):
     tp = jequi.problems.get(name)
-    x, y, w = random_inputs(tp, 3, dtype)
+    x, y, w = random_inputs(tp, 3)
     z = jax.jit(tp)(x, y, w)
-    assert z.dtype == dtype
-    assert_close(z, e3nn_tp(tp, x, y, w), TOL[dtype], name)
+    assert z.dtype == np.float64
+    assert_close(z, e3nn_tp(tp, x, y, w), TOL, name)
+    f32 = (jax.ShapeDtypeStruct(a.shape, np.float32) for a in (x, y, w))
+    assert jax.eval_shape(tp, *f32).dtype == np.float32
 
 
 def test_baseline_dims():
@@ -87,12 +92,12 @@ def _without_empty_paths(tp):
     )
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+# float64 only: in float32 the xla backend runs the same program (test_catalogue_problem)
 @pytest.mark.parametrize("name", list(EDGE_CASES))
-def test_edge_case(name, dtype):
+def test_edge_case(name):
     tp = EDGE_CASES[name]()
-    x, y, w = random_inputs(tp, 4, dtype)
-    assert_close(tp(x, y, w), e3nn_tp(_without_empty_paths(tp), x, y, w), TOL[dtype], name)
+    x, y, w = random_inputs(tp, 4)
+    assert_close(tp(x, y, w), e3nn_tp(_without_empty_paths(tp), x, y, w), TOL, name)
 
 
 @pytest.mark.parametrize("name", ["in2-mul-uvw", "path-weights", "uuu"])

@@ -23,7 +23,9 @@ CONV_BACKENDS = [*BACKENDS, pytest.param("cuda-atomic", marks=ON_CUDA)]
 
 
 def _tp():
-    return jequi.channelwise("4x0e+3x1o+2x2e", "0e+1o+2e", "0e+1o+2e")
+    """A channelwise product of 5 paths (not 11: these tests are about the primitive's rules,
+    and interpreted Pallas kernels compile per path; test_pallas.py runs the wider products)."""
+    return jequi.channelwise("3x0e+5x1o", "0e+1o", "0e+1o+1e")
 
 
 def _mixed():

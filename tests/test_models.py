@@ -35,10 +35,10 @@ def cluster():
 
 
 @functools.lru_cache
-def params():
+def params(config=CONFIG):
     atoms = crystal()
-    g = jequi.graph_from_atoms(atoms, CONFIG.cutoff)
-    p = NequIP(CONFIG).init(jax.random.key(0), CONFIG.species_index(atoms.numbers), jnp.asarray(atoms.positions), g, jnp.asarray(atoms.cell.array))
+    g = jequi.graph_from_atoms(atoms, config.cutoff)
+    p = NequIP(config).init(jax.random.key(0), config.species_index(atoms.numbers), jnp.asarray(atoms.positions), g, jnp.asarray(atoms.cell.array))
     return jax.tree.map(lambda a: a + 0.1, p)  # nonzero shifts, nothing special about init
 
 
@@ -52,10 +52,10 @@ def _energy_and_grad(config):
     return jax.jit(jax.value_and_grad(energy))
 
 
-def energy_forces(atoms, config=CONFIG):
+def energy_forces(atoms, config=CONFIG, p=None):
     g = jequi.graph_from_atoms(atoms, config.cutoff)
     species, cell = config.species_index(atoms.numbers), jnp.asarray(atoms.cell.array)
-    e, grad = _energy_and_grad(config)(jnp.asarray(atoms.positions), params(), species, g, cell)
+    e, grad = _energy_and_grad(config)(jnp.asarray(atoms.positions), params() if p is None else p, species, g, cell)
     return float(e), -np.asarray(grad)
 
 
@@ -99,10 +99,11 @@ def test_haiku_and_flax_give_the_same_energy():
 
 
 def test_pallas_forces_equal_xla_forces():
+    # a narrower model than CONFIG (interpreted kernels compile per path: its convs have a few)
     atoms = crystal()
-    pallas = NequIPConfig(**{**CONFIG.__dict__, "backend": "pallas"})
-    e_x, f_x = energy_forces(atoms, NequIPConfig(**{**CONFIG.__dict__, "backend": "xla"}))
-    e_p, f_p = energy_forces(atoms, pallas)
+    narrow = dataclasses.replace(CONFIG, hidden="4x0e+2x1o", sh_lmax=1)
+    e_x, f_x = energy_forces(atoms, dataclasses.replace(narrow, backend="xla"), params(narrow))
+    e_p, f_p = energy_forces(atoms, dataclasses.replace(narrow, backend="pallas"), params(narrow))
     assert abs(e_x - e_p) < 1e-10
     assert_close(f_p, f_x, 1e-10)
 
@@ -115,19 +116,6 @@ def test_e3nn_baseline_convolution_gives_the_same_model():
     assert_close(f_e, f_j, 1e-10)
     with pytest.raises(ValueError, match="conv must be"):
         energy_forces(atoms, NequIPConfig(**{**CONFIG.__dict__, "conv": "torch"}))
-
-
-def test_one_training_step_lowers_the_loss():
-    import optax
-
-    structures = data.emt_dataset(4, seed=5)
-    (b,) = make_batches(structures, CONFIG, 4)
-    p = params()
-    loss_and_grads = jax.jit(jax.value_and_grad(lambda p: errors(p, CONFIG, b)[0]))  # one compile
-    before, grads = loss_and_grads(p)
-    opt = optax.sgd(1e-3)
-    updates, _ = opt.update(grads, opt.init(p))
-    assert float(loss_and_grads(optax.apply_updates(p, updates))[0]) < float(before)
 
 
 def test_batches_share_the_tightest_shape():
@@ -182,9 +170,12 @@ def test_batches_compile_once():
     assert [int(jnp.sum(b.num_atoms > 0)) for b in batches] == [4, 4, 2]
 
 
-def test_padding_structures_do_not_count_in_the_loss():
+def test_padding_structures_do_not_count_in_the_loss_and_a_training_step_lowers_it():
     """A batch padded with empty structures (make_batches' last batch) has the loss, metrics and
-    gradients of the same structures unpadded."""
+    gradients of the same structures unpadded; one optax step along those gradients lowers the
+    loss (the same compiled loss and gradient)."""
+    import optax
+
     structures = data.emt_dataset(2, seed=3)
     p = params()
     plain = data.batch(structures, CONFIG)
@@ -197,6 +188,9 @@ def test_padding_structures_do_not_count_in_the_loss():
     for k in ("energy_mae", "force_mae"):
         assert_close(metrics_p[k], metrics[k], 1e-12)
     jax.tree.map(lambda a, b: assert_close(a, b, 1e-10), grads_p, grads)
+    opt = optax.sgd(1e-3)
+    updates, _ = opt.update(grads_p, opt.init(p))
+    assert float(f(optax.apply_updates(p, updates), padded)[0][0]) < float(loss_p)
     with pytest.raises(ValueError, match="structure slots"):
         data.batch(structures, CONFIG, n_graph=1)
 
@@ -217,8 +211,10 @@ def test_chunked_forces_keep_no_per_edge_weights_or_hidden_values():
     args = (species, positions, cell, g.senders, g.receivers, jnp.zeros((g.num_edges, 3)), np.ones(len(atoms), bool))
     evaluate = jax.jit(_evaluate, static_argnums=0)
     f32 = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32) if jnp.issubdtype(a.dtype, jnp.floating) else a, (p, *args))
-    temp = evaluate.lower(config, *f32).compile().memory_analysis().temp_size_in_bytes
+    compiled = evaluate.lower(config, *f32).compile()
+    temp = compiled.memory_analysis().temp_size_in_bytes
     assert temp / 4 / g.num_edges < 1500, f"{temp / 4 / g.num_edges:.0f} floats a edge"
-    chunked, whole = evaluate(config, p, *args), evaluate(dataclasses.replace(config, edge_chunks=1), p, *args)
+    # the values of that compiled program (float32: the chunks change only the order of sums)
+    chunked, whole = compiled(*f32), evaluate(dataclasses.replace(config, edge_chunks=1), *f32)
     for a, b in zip(chunked, whole):
-        assert_close(a, b, 1e-12)
+        assert_close(a, b, 1e-5)

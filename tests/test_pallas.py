@@ -92,7 +92,12 @@ def test_cpu_cases_leave_out_no_dtype_rule():
             assert rule(desc, np.float32) == rule(desc, np.float64), (name, rule.__name__)
 
 
-@pytest.mark.parametrize("name", ["uvu", "uvw", "uvw-rows"])
+# On CPU uvw only: uvu's and uvw-rows' double backward (every pair, no dgz) is not fused, so it
+# compiles the very backward kernel of test_fused_second_order's uvu and uvw-rows "all" cases
+# (their dgz runs a separate forward kernel); uvw's "all" fuses dgz into its backward kernel, so
+# this one's is its own. The rule's second order through the Pallas kernels under jax.grad is
+# also test_derivatives.py::test_backward_calls_compute_only_needed_gradients[pallas].
+@pytest.mark.parametrize("name", ["uvu", "uvw", "uvw-rows"] if ON_GPU else ["uvw"])
 def test_double_backward(name):
     tp = PROBLEMS[name]()
     x, y, w = random_inputs(tp, BATCH)
@@ -195,10 +200,16 @@ def pallas(config=pallas_kernels.DEFAULT):
     return configured("pallas", config)
 
 
-# every mode with all terms, then shared weights and partial specs on a few (interpret mode is slow)
-SECOND_ORDER_CASES = [(name, op, False, "all") for name in ("uvu", "uvw", "uuu+unweighted", "uuw") for op in ("tp", "conv")]
+# every mode with all terms, then shared weights and partial specs on a few (interpret mode is slow);
+# on CPU uvu's conv on SPLIT_UVU: the conv's kernels run the row code (pallas_kernels.row_code) of
+# the batched ones inside their edge loop, and the tp case runs it on uvu's 13 paths
+SECOND_ORDER_CASES = [
+    ("split-uvu" if name == "uvu" and op == "conv" and not ON_GPU else name, op, False, "all")
+    for name in ("uvu", "uvw", "uuu+unweighted", "uuw")
+    for op in ("tp", "conv")
+]
 # (uvu's shared weights and partial spec on SPLIT_UVU: they change the weights' loads, gw's sum over
-# rows and the sums taken, not the row code of uvu's 13 paths, which the "all" cases above run)
+# rows and the sums taken, not the row code of uvu's 13 paths, which the "all" tp case above runs)
 SECOND_ORDER_CASES += [("split-uvu", "tp", True, "force-training"), ("uvw", "tp", True, "force-training")]
 # Kahan sums change only how the edge loop adds each edge's values (conv._edge_loop), whatever the
 # mode; dgz alone takes the forward kernel, not the backward one uvw's dgz joins with the others
@@ -285,7 +296,10 @@ def _check_second_order(name, op, shared, spec, config=pallas_kernels.DEFAULT):
             assert_close(a, b, 1e-11, what)
 
 
-@pytest.mark.parametrize("name", ["uvu", "uvw", "uuu+unweighted", "uvw-rows"])
+# uu* paths share the row code of uv* paths that skips an unneeded gradient (row_code's
+# _backward_path, one branch per pair of modes): on CPU uvu runs it for uvu and uuu, whose full
+# backward is test_forward_and_backward's
+@pytest.mark.parametrize("name", ["uvu", "uvw", "uuu+unweighted", "uvw-rows"] if ON_GPU else ["uvu", "uvw", "uvw-rows"])
 def test_backward_computes_only_what_is_needed(name):
     """A backward asked for one of (gx, gy, gw) returns it (as the full backward does) and
     None for the others, for the batched product and the conv."""
@@ -339,7 +353,9 @@ def _split_backward_matches(name, shared, seed, knob, split, whole, programs):
             assert_close(a, b, 1e-12)
 
 
-@pytest.mark.parametrize("name, shared", [("uvu", False), ("uvw", True)])
+# on CPU uvu only: the groups take subsets of the paths whose row code is the mode's (uvw's split
+# into groups, with shared weights, is test_dgz_in_the_backward_kernel's grouped case)
+@pytest.mark.parametrize("name, shared", [("uvu", False), ("uvw", True)] if ON_GPU else [("uvu", False)])
 def test_backward_groups(name, shared):
     """The batched backward with a program per x segment (partial gy summed after): first
     order and the fused second order as with one program per row."""
@@ -552,8 +568,10 @@ def test_row_blocks_tail_rows(shared):
 def test_rows_per_program_tail():
     """The per-row kernels with several rows per program and a partial last program (one
     product: the rows loop, :func:`pallas_kernels.row_code.rows_loop`, wraps every mode's row
-    code alike; uvw's row code is test_forward_and_backward's)."""
-    check_batched(PROBLEMS["uvu-ir_mul"](), pallas_backend(rows_per_program=2), 5, np.float64, False, 1e-12)
+    code alike; uvw's row code is test_forward_and_backward's). On CPU a 5-path product, not
+    uvu-ir_mul's 13 paths: interpreted kernels compile per path."""
+    tp = PROBLEMS["uvu-ir_mul"]() if ON_GPU else jequi.channelwise("3x0e+5x1o", "0e+1o", "0e+1o+1e", layout="ir_mul")
+    check_batched(tp, pallas_backend(rows_per_program=2), 5, np.float64, False, 1e-12)
 
 
 def test_lane_tile_sum_order():

@@ -76,7 +76,10 @@ def test_irreps_array_in_and_out(tp):
 
 
 @pytest.mark.parametrize("backend", ["xla", "pallas"])
-def test_conv_vmap_over_graphs(tp, backend):
+def test_conv_vmap_over_graphs(backend):
+    # a channelwise product of 5 paths (the test is about vmap over graphs, not the product,
+    # and interpreted Pallas kernels compile per path)
+    tp = jequi.channelwise("3x0e+5x1o", "0e+1o", "0e+1o+1e")
     rng = np.random.default_rng(3)
     g, n, e = 3, 4, 9
     x = rng.normal(size=(g, n, tp.irreps_in1.dim))
