@@ -41,7 +41,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
-from .lowering import pallas_call
+from .lowering import masked_load, masked_store, pallas_call
 
 # The optional per-edge scalars, in the order the kernels take them.
 EDGE_NAMES = ("logit_bias", "logit_gate", "envelope", "post_scale")
@@ -122,27 +122,13 @@ def blocks(p: Problem, config: AttentionConfig = DEFAULT) -> tuple[int, int, int
 # --- in-kernel helpers ---------------------------------------------------------------------------
 
 
-def _load(ref, idx, mask):
-    """``ref[idx]`` where `mask`, 0 elsewhere (`idx` is kept in bounds by the callers)."""
-    return pl_triton.load(ref.at[idx], mask=mask, other=0)
-
-
-def _store(ref, idx, value, mask):
-    """``ref[idx] = value`` where `mask`. Masked-off lanes get the index one past the end:
-    they never touch memory on the GPU, and the interpreter, which writes every lane of a
-    store, drops them instead of letting them collide with a stored lane."""
-    idx, mask = jnp.broadcast_arrays(idx, mask)
-    idx = jnp.where(mask, idx, ref.shape[0])
-    pl_triton.store(ref.at[idx], jnp.broadcast_to(value, idx.shape).astype(ref.dtype), mask=mask)
-
-
 def _store_rows(ref, row, heads, num_heads: int, width: int, padded: int, value):
     """``ref[row, heads, :width] = value[:, :width]`` of a flat ``[rows, num_heads, width]``
     array (`value` ``[BH, padded]``): outputs are written at their real width, so no padded
     copy is sliced afterwards."""
     c = jnp.arange(padded, dtype=jnp.int32)
     idx = (row * num_heads + heads[:, None]) * width + c[None, :]
-    _store(ref, idx, value, (c < width)[None, :])
+    masked_store(ref, idx, value, (c < width)[None, :])
 
 
 def _slot_block(p, nbr_ref, i, t, bk: int, n_src: int):
@@ -180,7 +166,7 @@ def _row_block(ref, row, heads, num_heads: int, width: int, padded: int, valid, 
     idx = (r * num_heads + heads[:, None]) * width + jnp.minimum(c, width - 1)[None, :]
     mask = jnp.asarray(valid)[..., None, None] & (c < width)[None, :]
     idx, mask = jnp.broadcast_arrays(idx, mask)
-    return _load(ref, idx, mask).astype(dtype)
+    return masked_load(ref, idx, mask).astype(dtype)
 
 
 def _edge_block(refs, p: Problem, edge, heads, valid, dtype):
@@ -196,7 +182,7 @@ def _edge_block(refs, p: Problem, edge, heads, valid, dtype):
         idx = edge[:, None] * hb + cols
         mask = valid[:, None] & jnp.ones(cols.shape, bool)
         idx, mask = jnp.broadcast_arrays(idx, mask)
-        values.append(_load(ref, idx, mask).astype(dtype))
+        values.append(masked_load(ref, idx, mask).astype(dtype))
     return values
 
 
@@ -348,9 +334,9 @@ def _store_edge_grads(refs, p: Problem, eg, need_edge, edge, heads, hblock, vali
             continue
         ref = next(refs)
         if p.edge_heads[i] > 1:
-            _store(ref, edge[:, None] * h + heads[None, :], g, valid[:, None])
+            masked_store(ref, edge[:, None] * h + heads[None, :], g, valid[:, None])
         else:
-            _store(ref, edge * nhb + hblock, jnp.sum(g, axis=1), valid)
+            masked_store(ref, edge * nhb + hblock, jnp.sum(g, axis=1), valid)
 
 
 @functools.partial(jax.jit, static_argnames=("p", "needs", "atomic", "config"))
@@ -540,9 +526,9 @@ def backward_sources(q, k, v, nbr, edges, lse, amax, dout, delta, order, offsets
             doi = _row_block(do_ref, i, heads, h, p.dv, p.dvp, valid, acc)  # [BE, BH, dvp]
             rows = (i * h)[:, None] + heads[None, :]
             vmask = valid[:, None]
-            lse_i = _load(lse_ref, rows, vmask & (heads[None, :] >= 0))
-            amax_i = _load(amax_ref, rows, vmask & (heads[None, :] >= 0))
-            delta_i = _load(delta_ref, rows, vmask & (heads[None, :] >= 0)).astype(acc)
+            lse_i = masked_load(lse_ref, rows, vmask & (heads[None, :] >= 0))
+            amax_i = masked_load(amax_ref, rows, vmask & (heads[None, :] >= 0))
+            delta_i = masked_load(delta_ref, rows, vmask & (heads[None, :] >= 0)).astype(acc)
             ev = _edge_block(edge_refs, p, edge, heads, valid, acc)
             qk = jnp.sum(qi * kj[None], axis=2)
             s = _logits(p, qk, ev)
@@ -553,7 +539,7 @@ def backward_sources(q, k, v, nbr, edges, lse, amax, dout, delta, order, offsets
             _store_edge_grads([outs[i_] for i_ in range(4) if need_edge[i_]], p, eg, need_edge, edge, heads, hblock,
                               valid, h)  # fmt: skip
             if need_q:
-                _store(outs["coef"], edge[:, None] * h + heads[None, :], dsg, vmask)
+                masked_store(outs["coef"], edge[:, None] * h + heads[None, :], dsg, vmask)
             if need_k:
                 dk = dk + jnp.sum(dsg[:, :, None] * qi, axis=0)
             if need_v:
@@ -596,7 +582,7 @@ def backward_queries(k, nbr, coef, *, p: Problem, config: AttentionConfig = DEFA
         def step(t, dq):
             _, _, edge, j, valid = _slot_block(p, nbr_ref, i, t, bk, n_src)
             kj = _row_block(k_ref, j, heads, h, p.d, p.dp, valid, acc)  # [BK, BH, dp]
-            c = _load(coef_ref, edge[:, None] * h + heads[None, :], valid[:, None] & (heads[None, :] >= 0))
+            c = masked_load(coef_ref, edge[:, None] * h + heads[None, :], valid[:, None] & (heads[None, :] >= 0))
             return dq + jnp.sum(c[:, :, None] * kj, axis=0)
 
         dq = jax.lax.fori_loop(0, steps, step, jnp.zeros((bh, p.dp), acc))

@@ -27,8 +27,8 @@ from jax.experimental import pallas as pl
 
 from jequi import so2
 
-from .lowering import fma, pallas_call
-from .row_code import chunks, iota, rows_loop
+from .lowering import fma, masked_store, pallas_call
+from .row_code import chunks, iota, lane_tile, rows_loop
 
 
 def _zero(a) -> bool:
@@ -167,9 +167,30 @@ def _out_index(out: _Out, start, size, f, i):
     return out.offset + (out.chan + (start + np.arange(size)) * out.mul_f + f) * (2 * out.lo + 1) + i
 
 
-def _store_out(z_ref, base, out: _Out, start, size, i, value):
+# Output chunks of at least this many channels are stored as one (channels, 2lo+1) tile, its
+# rows contiguous, instead of one store per component strided by 2lo+1, which limited the
+# forward (benchmarks/results/2026-11-28-nvidia-h100-80gb-hbm3-eaas-pallas-tile-store.md, against
+# ...-eaas-pallas.md). Narrower chunks keep the strided stores: Triton tiles of one or two rows
+# made the compiled kernel crash.
+TILE_MIN_CHANNELS = 4
+
+
+def _store_chunk(z_ref, base, out: _Out, start, size, totals, dtype):
+    """Store row `base`'s output chunk: ``totals[i]`` (a ``(size,)`` vector, or None for zero)
+    is component `i` of channels ``start .. start + size`` of `out`."""
+    values = [(jnp.zeros((size,), dtype) if t is None else t).astype(dtype) for t in totals]
+    width = 2 * out.lo + 1
+    if size < TILE_MIN_CHANNELS or width == 1:
+        for i, value in enumerate(values):
+            for f in range(out.mul_f):
+                z_ref[base + iota(_out_index(out, start, size, f, i))] = value
+        return
+    p = 1 << (width - 1).bit_length()
+    tile = lane_tile(values + [jnp.zeros((size,), dtype)] * (p - width))
+    valid = (jnp.arange(p, dtype=jnp.int32) < width)[None, :]
     for f in range(out.mul_f):
-        z_ref[base + iota(_out_index(out, start, size, f, i))] = value
+        idx = out.offset + (out.chan + (start + np.arange(size))[:, None] * out.mul_f + f) * width + np.arange(p)[None, :]
+        masked_store(z_ref, base + iota(idx), tile, valid)
 
 
 def _powers(norm):
@@ -224,13 +245,14 @@ def forward(plan, x, r, *, normalize: bool = True, rows_per_program: int = 4, nu
                     xt = _rotated(d, li, [x_ref[b * d_in + iota(base + (start + np.arange(size)) * (2 * li + 1) + nn)] for nn in range(2 * li + 1)])
                     for out in outs:
                         pw = power(out.l_f)
+                        totals = []
                         for i in range(2 * out.lo + 1):
                             terms = []
                             for m, j, c in out.pairs:
                                 scale = _mul(d(out.lo, i, out.lo + m), c)
                                 terms.append((scale if pw is None or _zero(scale) else scale * pw, xt(j)))
-                            total = _dot(terms)
-                            _store_out(z_ref, b * d_out, out, start, size, i, (jnp.zeros((size,), dtype) if total is None else total).astype(dtype))
+                            totals.append(_dot(terms))
+                        _store_chunk(z_ref, b * d_out, out, start, size, totals, dtype)
 
         rows_loop(n, rows_per_program, row)
 
@@ -364,6 +386,7 @@ def tangent(plan, x, r, tx, tr, *, normalize: bool = True, rows_per_program: int
                         pw = power(out.l_f)
                         pv = 1.0 if pw is None else pw
                         pd = 0.0 if pw is None or normalize else slope(out.l_f) * t_norm
+                        totals = []
                         for i in range(2 * out.lo + 1):
                             terms = []
                             for m, j, c in out.pairs:
@@ -372,8 +395,8 @@ def tangent(plan, x, r, tx, tr, *, normalize: bool = True, rows_per_program: int
                                 d_scale = _add(_mul(dt(out.lo, i, out.lo + m), pv), _mul(dv, pd))
                                 if not _zero(d_scale):
                                     terms.append((_mul(c, d_scale), xt(j)))
-                            total = _dot(terms)
-                            _store_out(z_ref, b * d_out, out, start, size, i, (jnp.zeros((size,), dtype) if total is None else total).astype(dtype))
+                            totals.append(_dot(terms))
+                        _store_chunk(z_ref, b * d_out, out, start, size, totals, dtype)
 
         rows_loop(n, rows_per_program, row)
 

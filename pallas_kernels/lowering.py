@@ -72,6 +72,20 @@ def fma(a, b, c):
     return out
 
 
+def masked_load(ref, idx, mask):
+    """``ref[idx]`` where `mask`, 0 elsewhere (`idx` is kept in bounds by the callers)."""
+    return pl_triton.load(ref.at[idx], mask=mask, other=0)
+
+
+def masked_store(ref, idx, value, mask):
+    """``ref[idx] = value`` where `mask`, for a flat `ref`. Masked-off lanes get the index one
+    past the end: they never touch memory on the GPU, and the interpreter, which writes every
+    lane of a store, drops them instead of letting them collide with a stored lane."""
+    idx, mask = jnp.broadcast_arrays(idx, mask)
+    idx = jnp.where(mask, idx, ref.shape[0])
+    pl_triton.store(ref.at[idx], jnp.broadcast_to(value, idx.shape).astype(ref.dtype), mask=mask)
+
+
 def pallas_call(kernel, out_shape, grid, num_warps: int = 4, name: str | None = None, aliases=None):
     """``pl.pallas_call`` with whole-array refs, on Triton (GPU) or the interpreter (CPU);
     `aliases`: ``{input index: output index}`` updated in place."""

@@ -228,17 +228,22 @@ def _bit_reversed(n: int) -> list[int]:
     return [int(format(k, f"0{bits}b")[::-1], 2) if bits else 0 for k in range(n)]
 
 
-def lane_tile_sum(vectors: list) -> jax.Array:
-    """``[sum(v) for v in vectors]`` as one vector, by a single reduction of a
-    ``(lanes, len(vectors))`` tile (``len(vectors)`` a power of two, equal lane counts). The
-    tile is built by pairwise ``stack`` (Triton's ``join``, the one stacking its lowering
-    has); each join adds an innermost axis, so the flat tile order is bit-reversed and the
-    input is fed in bit-reversed order."""
+def lane_tile(vectors: list) -> jax.Array:
+    """The ``(lanes, len(vectors))`` tile whose column `k` is ``vectors[k]`` (``len(vectors)`` a
+    power of two, equal lane counts). It is built by pairwise ``stack`` (Triton's ``join``, the
+    one stacking its lowering has); each join adds an innermost axis, so the flat tile order is
+    bit-reversed and the input is fed in bit-reversed order."""
     n = len(vectors)
     level = [vectors[k] for k in _bit_reversed(n)]
     while len(level) > 1:
         level = [jnp.stack([a, b], axis=-1) for a, b in zip(level[::2], level[1::2])]
-    return jnp.sum(level[0].reshape(vectors[0].shape[0], n), axis=0)
+    return level[0].reshape(vectors[0].shape[0], n)
+
+
+def lane_tile_sum(vectors: list) -> jax.Array:
+    """``[sum(v) for v in vectors]`` as one vector, by a single reduction of a
+    :func:`lane_tile`."""
+    return jnp.sum(lane_tile(vectors), axis=0)
 
 
 class _Grads:

@@ -14,11 +14,15 @@ from pallas_kernels import eaas as kernel
 
 @pytest.mark.parametrize(
     "irreps_x, sh, filt",
-    # every output (odd and even paths, pseudovectors, 1- and 2-channel chunks); harmonics with
-    # multiplicities; filtered outputs run in test_sh_tensor_product_pallas_backend_derivatives
-    [("3x0e+2x1e+3x2o", [0, 1, 2], None), ("2x0e+2x1o", "0e+2x1o+2e", None)],
+    # every output (odd and even paths, pseudovectors); chunks of 4 channels (stored as tiles)
+    # beside chunks of 1 and 2 (stored per component); harmonics with multiplicities; filtered
+    # outputs run in test_sh_tensor_product_pallas_backend_derivatives
+    [("4x0e+2x1e+5x2o", [0, 1, 2], None), ("4x0e+2x1o", "0e+2x1o+2e", None)],
 )
-def test_forward_matches_xla(irreps_x, sh, filt):
+def test_forward_and_tangent_match_xla(irreps_x, sh, filt):
+    """The forward kernel against the XLA product, the tangent kernel against its jvp."""
+    import jax
+
     irreps_x = e3nn.Irreps(irreps_x)
     plan = eaas._plan(irreps_x, (False,) * len(irreps_x), eaas.sh_irreps(sh), _filter_irreps(filt), "component", "component")
     rng = np.random.default_rng(0)
@@ -26,9 +30,14 @@ def test_forward_matches_xla(irreps_x, sh, filt):
     r = jnp.asarray(rng.normal(size=(6, 3)))
     r = r.at[0].set(0.0).at[1].set(jnp.array([0.0, -2.0, 0.0])).at[2].set(jnp.array([0.0, 1.5, 0.0]))
     x = eaas._reorder(x, irreps_x, plan.order)
-    z = kernel.forward(plan, x, r, rows_per_program=4)
-    ds, norm = eaas.frame(r, plan.lmax, True)
-    np.testing.assert_allclose(z, eaas._product(plan, x, ds, norm, (6,), x.dtype), atol=1e-12)
+    tx, tr = jnp.asarray(rng.normal(size=x.shape)), jnp.asarray(rng.normal(size=r.shape))
+
+    def product(x, r):
+        return eaas._product(plan, x, *eaas.frame(r, plan.lmax, True), (6,), x.dtype)
+
+    z_ref, t_ref = jax.jvp(product, (x, r), (tx, tr))
+    np.testing.assert_allclose(kernel.forward(plan, x, r, rows_per_program=4), z_ref, atol=1e-12)
+    np.testing.assert_allclose(kernel.tangent(plan, x, r, tx, tr), t_ref, atol=1e-11)
 
 
 @pytest.mark.parametrize(
