@@ -217,10 +217,10 @@ def sh_tensor_product(x, vectors, irreps_sh, *, filter_ir_out=None, normalize: b
     """``e3nn.tensor_product(x, e3nn.spherical_harmonics(irreps_sh, vectors, normalize),
     filter_ir_out=filter_ir_out)``, computed in each vector's frame (EAAS).
 
-    On a GPU, ``backend="pallas"`` is 2.5-4x e3nn-jax at harmonics of degree 2 and 4 and the
-    fastest forward and backward at both (:func:`jequi.tensor_product` of ``x`` and the
-    harmonics, the dense kernels, stays faster forward at degree 2), but compiles for minutes at
-    degree 4 (docs/e2former.md#eaas-jequish_tensor_product).
+    On a GPU, ``backend="pallas"`` is 2.2-4x e3nn-jax at harmonics of degree 2-4 and, at 128
+    channels, the fastest forward and backward (:func:`jequi.tensor_product` of ``x`` and the
+    harmonics, the dense kernels, is faster at 64 channels and forward at degree 2), but
+    compiles for minutes at degree 4 (docs/e2former.md#eaas-jequish_tensor_product).
 
     Args:
         x: ``e3nn_jax.IrrepsArray`` (..., dim) (a plain array is ``Nx0e``, as in e3nn).

@@ -30,12 +30,13 @@ from . import eaas
 @dataclasses.dataclass(frozen=True)
 class Spec:
     """The static part of a call: the product's plan (:func:`jequi.eaas._plan`), whether the
-    harmonics are normalized, and the kernels' launch shape."""
+    harmonics are normalized, and the kernels' launch shape (``num_warps`` None: the rule of
+    :func:`pallas_kernels.heuristics.eaas_warps`)."""
 
     plan: object
     normalize: bool
     rows_per_program: int = 4
-    num_warps: int = 4
+    num_warps: int | None = None
 
     @property
     def launch(self) -> dict:

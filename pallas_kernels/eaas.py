@@ -27,6 +27,7 @@ from jax.experimental import pallas as pl
 
 from jequi import so2
 
+from .heuristics import eaas_warps
 from .lowering import fma, masked_store, pallas_call
 from .row_code import chunks, iota, lane_tile, rows_loop
 
@@ -169,9 +170,8 @@ def _out_index(out: _Out, start, size, f, i):
 
 # Output chunks of at least this many channels are stored as one (channels, 2lo+1) tile, its
 # rows contiguous, instead of one store per component strided by 2lo+1, which limited the
-# forward (benchmarks/results/2026-11-28-nvidia-h100-80gb-hbm3-eaas-pallas-tile-store.md, against
-# ...-eaas-pallas.md). Narrower chunks keep the strided stores: Triton tiles of one or two rows
-# made the compiled kernel crash.
+# forward; narrower chunks keep the strided stores: Triton tiles of one or two rows made the
+# compiled kernel crash (docs/tuning.md#eaas-tile_min_channels).
 TILE_MIN_CHANNELS = 4
 
 
@@ -225,7 +225,7 @@ def _launch(n, rows_per_program):
 
 
 @functools.partial(jax.jit, static_argnames=("plan", "normalize", "rows_per_program", "num_warps"))
-def forward(plan, x, r, *, normalize: bool = True, rows_per_program: int = 4, num_warps: int = 4):
+def forward(plan, x, r, *, normalize: bool = True, rows_per_program: int = 4, num_warps: int | None = None):
     """``(N, out.dim)``: the EAAS product of the regrouped ``x (N, in.dim)`` with the harmonics of
     ``r (N, 3)``: per input block, ``x~[j] = sum_n x[n] D_li[n][j]`` once, then per output chunk
     ``y[i] = sum_m D_lo[i][lo + m] c_m norm^lf x~[j(m)]``."""
@@ -256,14 +256,14 @@ def forward(plan, x, r, *, normalize: bool = True, rows_per_program: int = 4, nu
 
         rows_loop(n, rows_per_program, row)
 
-    z = pallas_call(kernel, jax.ShapeDtypeStruct((n * d_out,), dtype), _launch(n, rows_per_program), num_warps, name="jequi_eaas_fwd")(
+    z = pallas_call(kernel, jax.ShapeDtypeStruct((n * d_out,), dtype), _launch(n, rows_per_program), num_warps or eaas_warps(plan), name="jequi_eaas_fwd")(
         x.reshape(-1), packed.reshape(-1), norms
     )
     return z.reshape(n, d_out)
 
 
 @functools.partial(jax.jit, static_argnames=("plan", "normalize", "rows_per_program", "num_warps"))
-def backward(plan, x, r, g, *, normalize: bool = True, rows_per_program: int = 4, num_warps: int = 4):
+def backward(plan, x, r, g, *, normalize: bool = True, rows_per_program: int = 4, num_warps: int | None = None):
     """``(gx (N, in.dim), gr (N, 3))``: the gradients of ``<g, forward(plan, x, r)>``.
 
     The kernel writes ``gx``, the gradient in the rotation's angular velocity ``w`` and in the
@@ -341,7 +341,7 @@ def backward(plan, x, r, g, *, normalize: bool = True, rows_per_program: int = 4
         rows_loop(n, rows_per_program, row)
 
     shapes = (jax.ShapeDtypeStruct((n * d_in,), dtype), jax.ShapeDtypeStruct((n * 3,), dtype), jax.ShapeDtypeStruct((n,), dtype))
-    gx, gw, gn = pallas_call(kernel, shapes, _launch(n, rows_per_program), num_warps, name="jequi_eaas_bwd")(
+    gx, gw, gn = pallas_call(kernel, shapes, _launch(n, rows_per_program), num_warps or eaas_warps(plan), name="jequi_eaas_bwd")(
         x.reshape(-1), packed.reshape(-1), norms, g.reshape(-1)
     )
     g_rot = rot @ jnp.einsum("na,abc->nbc", gw.reshape(n, 3), jnp.asarray(GENERATORS / 2, dtype))
@@ -350,7 +350,7 @@ def backward(plan, x, r, g, *, normalize: bool = True, rows_per_program: int = 4
 
 
 @functools.partial(jax.jit, static_argnames=("plan", "normalize", "rows_per_program", "num_warps"))
-def tangent(plan, x, r, tx, tr, *, normalize: bool = True, rows_per_program: int = 4, num_warps: int = 4):
+def tangent(plan, x, r, tx, tr, *, normalize: bool = True, rows_per_program: int = 4, num_warps: int | None = None):
     """``(N, out.dim)``: the forward's derivative at ``(x, r)`` along ``(tx, tr)`` (linear in
     them), the frames' tangent from XLA's forward mode."""
     n, d_in, d_out = x.shape[0], plan.irreps_in.dim, plan.irreps_out.dim
@@ -400,7 +400,7 @@ def tangent(plan, x, r, tx, tr, *, normalize: bool = True, rows_per_program: int
 
         rows_loop(n, rows_per_program, row)
 
-    z = pallas_call(kernel, jax.ShapeDtypeStruct((n * d_out,), dtype), _launch(n, rows_per_program), num_warps, name="jequi_eaas_jvp")(
+    z = pallas_call(kernel, jax.ShapeDtypeStruct((n * d_out,), dtype), _launch(n, rows_per_program), num_warps or eaas_warps(plan), name="jequi_eaas_jvp")(
         x.reshape(-1), packed.reshape(-1), norms, tx.reshape(-1), t_packed.reshape(-1), t_norms
     )
     return z.reshape(n, d_out)

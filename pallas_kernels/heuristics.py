@@ -14,6 +14,19 @@ from .config import DEFAULT, Config
 from .row_code import chunks
 
 
+# --- EAAS kernels (.eaas) ------------------------------------------------------------------
+
+
+def eaas_warps(plan) -> int:
+    """Warps per program of the EAAS kernels (``plan``: :func:`jequi.eaas._plan`'s): one thread
+    per lane of the widest channel chunk of ``x``, as :func:`num_warps` (4 warps for 128
+    channels, 2 for 64); at 64 channels 2 warps ran forward and backward faster than 4
+    (benchmarks/results/2026-11-28-nvidia-h100-80gb-hbm3-eaas-launch-tile-store.md and
+    ...-eaas-launch.md; docs/tuning.md#eaas-num_warps)."""
+    widest = max((size for mul_ir in plan.irreps_in for _, size in chunks(mul_ir.mul)), default=32)
+    return max(1, min(4, widest // 32))
+
+
 # --- batched per-row kernels (.per_row) ---------------------------------------------------
 def input_groups(desc) -> list[tuple[list[int], list]]:
     """``(in1 segments, paths)`` per backward program: one group per ``x`` segment that has

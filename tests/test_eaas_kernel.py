@@ -138,3 +138,15 @@ def test_float32_kernels_compute_in_float32():
         assert len(bodies) == 1
         assert "f64" not in str(bodies[0])
         assert "f32" in str(bodies[0])
+
+
+def test_launch_rule_is_one_thread_a_channel_of_the_widest_chunk():
+    """pallas_kernels.heuristics.eaas_warps: 4 warps at 128 channels (and wider: chunks stop at
+    128), 2 at 64, 1 at 32 and fewer."""
+    from pallas_kernels.heuristics import eaas_warps
+
+    def plan(irreps):
+        irreps = e3nn.Irreps(irreps)
+        return eaas._plan(irreps, (False,) * len(irreps), eaas.sh_irreps([0, 1]), None, "component", "component")
+
+    assert [eaas_warps(plan(s)) for s in ("256x0e", "128x0e+8x1o", "64x0e+64x1o", "96x1o", "32x0e", "3x0e")] == [4, 4, 2, 2, 1, 1]
