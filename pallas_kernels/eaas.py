@@ -220,8 +220,9 @@ def _rotated(d, li, xs):
     return xt
 
 
-def _launch(n, rows_per_program):
-    return (pl.cdiv(n, rows_per_program),)
+def _launch(plan, n, rows_per_program, num_warps):
+    """``(grid, num_warps)`` of a kernel call; ``num_warps`` None: :func:`~.heuristics.eaas_warps`."""
+    return (pl.cdiv(n, rows_per_program),), num_warps or eaas_warps(plan)
 
 
 @functools.partial(jax.jit, static_argnames=("plan", "normalize", "rows_per_program", "num_warps"))
@@ -256,7 +257,7 @@ def forward(plan, x, r, *, normalize: bool = True, rows_per_program: int = 4, nu
 
         rows_loop(n, rows_per_program, row)
 
-    z = pallas_call(kernel, jax.ShapeDtypeStruct((n * d_out,), dtype), _launch(n, rows_per_program), num_warps or eaas_warps(plan), name="jequi_eaas_fwd")(
+    z = pallas_call(kernel, jax.ShapeDtypeStruct((n * d_out,), dtype), *_launch(plan, n, rows_per_program, num_warps), name="jequi_eaas_fwd")(
         x.reshape(-1), packed.reshape(-1), norms
     )
     return z.reshape(n, d_out)
@@ -341,7 +342,7 @@ def backward(plan, x, r, g, *, normalize: bool = True, rows_per_program: int = 4
         rows_loop(n, rows_per_program, row)
 
     shapes = (jax.ShapeDtypeStruct((n * d_in,), dtype), jax.ShapeDtypeStruct((n * 3,), dtype), jax.ShapeDtypeStruct((n,), dtype))
-    gx, gw, gn = pallas_call(kernel, shapes, _launch(n, rows_per_program), num_warps or eaas_warps(plan), name="jequi_eaas_bwd")(
+    gx, gw, gn = pallas_call(kernel, shapes, *_launch(plan, n, rows_per_program, num_warps), name="jequi_eaas_bwd")(
         x.reshape(-1), packed.reshape(-1), norms, g.reshape(-1)
     )
     g_rot = rot @ jnp.einsum("na,abc->nbc", gw.reshape(n, 3), jnp.asarray(GENERATORS / 2, dtype))
@@ -400,7 +401,7 @@ def tangent(plan, x, r, tx, tr, *, normalize: bool = True, rows_per_program: int
 
         rows_loop(n, rows_per_program, row)
 
-    z = pallas_call(kernel, jax.ShapeDtypeStruct((n * d_out,), dtype), _launch(n, rows_per_program), num_warps or eaas_warps(plan), name="jequi_eaas_jvp")(
+    z = pallas_call(kernel, jax.ShapeDtypeStruct((n * d_out,), dtype), *_launch(plan, n, rows_per_program, num_warps), name="jequi_eaas_jvp")(
         x.reshape(-1), packed.reshape(-1), norms, tx.reshape(-1), t_packed.reshape(-1), t_norms
     )
     return z.reshape(n, d_out)

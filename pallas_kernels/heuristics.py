@@ -23,8 +23,12 @@ def eaas_warps(plan) -> int:
     channels, 2 for 64); at 64 channels 2 warps ran forward and backward faster than 4
     (benchmarks/results/2026-11-28-nvidia-h100-80gb-hbm3-eaas-launch-tile-store.md and
     ...-eaas-launch.md; docs/tuning.md#eaas-num_warps)."""
-    widest = max((size for mul_ir in plan.irreps_in for _, size in chunks(mul_ir.mul)), default=32)
-    return max(1, min(4, widest // 32))
+    return width_warps(max((size for mul_ir in plan.irreps_in for _, size in chunks(mul_ir.mul)), default=32))
+
+
+def width_warps(channels: int) -> int:
+    """One thread per lane of a `channels`-wide chunk, 1 to 4 warps."""
+    return max(1, min(4, channels // 32))
 
 
 # --- batched per-row kernels (.per_row) ---------------------------------------------------
@@ -122,7 +126,7 @@ def num_warps(desc, config: Config = DEFAULT, *, backward: bool = False) -> int:
         or not backward and desc.layout == "ir_mul" and widest_chunk(desc) >= 128
     ):
         return 1
-    return max(1, min(4, widest_chunk(desc) // 32))
+    return width_warps(widest_chunk(desc))
 
 
 # The most values of a uvw/uuw path's (u, w) tile (:func:`largest_tile`) for which its product

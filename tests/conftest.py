@@ -47,6 +47,14 @@ def e3nn_tp(tp, x, y, w):
     return jax.vmap(one, in_axes=(None if w.ndim == 1 else 0, 0, 0))(w, x, y)
 
 
+def five_path_channelwise(layout: str = "mul_ir"):
+    """A channelwise product of 5 paths, for tests about how a product is run (splits, calls,
+    transforms) rather than the product: interpreted Pallas kernels compile per path."""
+    import jequi
+
+    return jequi.channelwise("3x0e+5x1o", "0e+1o", "0e+1o+1e", layout=layout)
+
+
 def random_inputs(tp, batch, dtype=np.float64, seed=0, shared=False):
     rng = np.random.default_rng(seed)
     d1, d2, _ = tp.descriptor.dims

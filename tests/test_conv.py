@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import assert_close, e3nn_tp, pallas_backend
+from conftest import assert_close, e3nn_tp, five_path_channelwise, pallas_backend
 
 import jequi
 import pallas_kernels.conv
@@ -184,8 +184,7 @@ def test_backward_reads_the_cotangent_in_either_layout(layout):
     """The Pallas backward reads the output cotangent in COTANGENT_LAYOUT (a copy, or the
     array itself where the layouts agree) whatever the product's own layout; gradients match
     the XLA backend's."""
-    # 5 paths (the cotangent's layout is the test, and interpreted kernels compile per path)
-    tp = jequi.channelwise("3x0e+5x1o", "0e+1o", "0e+1o+1e", layout=layout)
+    tp = five_path_channelwise(layout)
     rng = np.random.default_rng(3)
     x, y, w, s, r = graph(rng, tp, 6, 25)
     loss = lambda b: lambda x, y, w: jnp.sum(jnp.sin(tp.conv(x, y, w, s, r, 6, backend=b)))  # noqa: E731

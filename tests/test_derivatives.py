@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import assert_close, e3nn_tp, random_inputs
+from conftest import assert_close, e3nn_tp, five_path_channelwise, random_inputs
 
 import jequi
 from jequi import backends
@@ -166,8 +166,7 @@ def test_backward_calls_compute_only_needed_gradients(backend, monkeypatch):
     both. The forces' backward needs no gx; the loss gradient's double backward needs no gy
     and no gz-cotangent (composed: two backward calls, the ggw one without gw; fused: the
     spec's dx and dw sums only). The gradient still equals plain autodiff of the reference."""
-    # 5 paths: the calls are the test, and interpreted Pallas kernels compile per path
-    tp = jequi.channelwise("3x0e+5x1o", "0e+1o", "0e+1o+1e")
+    tp = five_path_channelwise()
     calls, seconds = [], []
     b = backends.BACKENDS[backend]
 

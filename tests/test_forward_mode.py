@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.interpreters import partial_eval as pe
-from conftest import assert_close, random_inputs
+from conftest import assert_close, five_path_channelwise, random_inputs
 
 import jequi
 from jequi import autodiff, backends
@@ -25,7 +25,7 @@ CONV_BACKENDS = [*BACKENDS, pytest.param("cuda-atomic", marks=ON_CUDA)]
 def _tp():
     """A channelwise product of 5 paths (not 11: these tests are about the primitive's rules,
     and interpreted Pallas kernels compile per path; test_pallas.py runs the wider products)."""
-    return jequi.channelwise("3x0e+5x1o", "0e+1o", "0e+1o+1e")
+    return five_path_channelwise()
 
 
 def _mixed():

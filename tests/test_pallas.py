@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import assert_close, check_batched, pallas_backend, random_inputs
+from conftest import assert_close, check_batched, five_path_channelwise, pallas_backend, random_inputs
 
 import jequi
 import pallas_kernels
@@ -53,7 +53,7 @@ TOL = {np.float32: 5e-5, np.float64: 1e-11}
 # per path, and those tests are about the split, not the product. Three x windows of 2 channels
 # (windows=4) cover 3x0e fully, partly and not at all, as uvu's do; two x segments, two
 # groups of outputs at one accumulator register. On the GPU the tests run uvu.
-SPLIT_UVU = PROBLEMS["uvu"] if ON_GPU else lambda: jequi.channelwise("3x0e+5x1o", "0e+1o", "0e+1o+1e")
+SPLIT_UVU = PROBLEMS["uvu"] if ON_GPU else five_path_channelwise
 
 # For these problems, in interpret mode the dtype changes only the forward's output groups
 # (forward_groups) and the backward's row blocks (one at BATCH rows either way), and shared weights
@@ -570,7 +570,7 @@ def test_rows_per_program_tail():
     product: the rows loop, :func:`pallas_kernels.row_code.rows_loop`, wraps every mode's row
     code alike; uvw's row code is test_forward_and_backward's). On CPU a 5-path product, not
     uvu-ir_mul's 13 paths: interpreted kernels compile per path."""
-    tp = PROBLEMS["uvu-ir_mul"]() if ON_GPU else jequi.channelwise("3x0e+5x1o", "0e+1o", "0e+1o+1e", layout="ir_mul")
+    tp = PROBLEMS["uvu-ir_mul"]() if ON_GPU else five_path_channelwise("ir_mul")
     check_batched(tp, pallas_backend(rows_per_program=2), 5, np.float64, False, 1e-12)
 
 

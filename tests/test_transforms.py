@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import assert_close, e3nn_tp, random_inputs
+from conftest import assert_close, e3nn_tp, five_path_channelwise, random_inputs
 
 import jequi
 
@@ -77,9 +77,7 @@ def test_irreps_array_in_and_out(tp):
 
 @pytest.mark.parametrize("backend", ["xla", "pallas"])
 def test_conv_vmap_over_graphs(backend):
-    # a channelwise product of 5 paths (the test is about vmap over graphs, not the product,
-    # and interpreted Pallas kernels compile per path)
-    tp = jequi.channelwise("3x0e+5x1o", "0e+1o", "0e+1o+1e")
+    tp = five_path_channelwise()
     rng = np.random.default_rng(3)
     g, n, e = 3, 4, 9
     x = rng.normal(size=(g, n, tp.irreps_in1.dim))
