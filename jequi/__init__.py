@@ -23,6 +23,7 @@ from .eaas import sh_tensor_product
 from .graph import Graph
 from .irreps import Irrep, Irreps
 from .products import TensorProduct, channelwise, fully_connected
+from .symmetric import SymmetricContraction
 from .so2_conv import SO2Layout, path_weights_from_so2_weights, so2_conv, so2_layout, so2_path_product, so2_weights_from_path_weights
 
 __version__ = "0.1.0"
@@ -34,6 +35,7 @@ __all__ = [
     "Path",
     "SO2Layout",
     "Segment",
+    "SymmetricContraction",
     "TensorProduct",
     "TensorProductDescriptor",
     "available_backends",

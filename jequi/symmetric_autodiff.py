@@ -1,0 +1,185 @@
+"""Derivatives of the symmetric-contraction kernels (:mod:`pallas_kernels.symmetric`): three
+JAX primitives, built as :mod:`jequi.eaas_autodiff` builds the EAAS product's.
+
+* ``jequi_sc`` (forward): ``out`` from ``(x, wr)`` (rows and reduced weights);
+* ``jequi_sc_jvp``: ``dout`` for tangents ``(tx, twr)``, linear in them (the tangent kernel);
+* ``jequi_sc_vjp``: ``(gx, gwr)`` of ``<g, out>``, linear in ``g`` (the backward kernel, its
+  weight gradient added per species in a fixed order).
+
+The two linear primitives are each other's transpose, so ``jax.grad`` runs the backward kernel,
+``jax.jvp`` the tangent kernel, and force training (reverse of reverse) transposes the
+backward's ``g``-linear part into the tangent kernel. The part of a second derivative that
+differentiates the kernels in ``(x, wr)`` themselves is autodiff of the pure-JAX reference
+(:func:`jequi.symmetric_basis.reference`): correct at every order, at XLA's speed. The rows'
+schedule (``rows``, ``block_species``: :func:`jequi.symmetric_basis.species_blocks`) is an
+integer operand; ``vmap`` folds the batch into the rows and the species groups.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from jax.extend import core
+from jax.interpreters import ad, batching, mlir
+
+from pallas_kernels import symmetric as kernels
+
+from . import symmetric_basis
+from .symmetric_basis import SymmetricContractionDescriptor
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    """The static part of a call: the descriptor and the rows per block (one species a block)."""
+
+    desc: SymmetricContractionDescriptor
+    block: int
+
+
+def row_species(rows, block_species, n: int, block: int):
+    """Each row's species group (an index into the weights' first axis) from a schedule, in
+    which every row has a slot."""
+    slot_species = jnp.repeat(block_species, block)
+    return jnp.zeros((n,), jnp.int32).at[jnp.where(rows < 0, n, rows)].set(slot_species, mode="drop")
+
+
+def _reference(spec: Spec, x, wr, rows, block_species):
+    return symmetric_basis.reference(spec.desc, x, row_species(rows, block_species, x.shape[0], spec.block), wr)
+
+
+forward_p = core.Primitive("jequi_sc")
+jvp_p = core.Primitive("jequi_sc_jvp")
+vjp_p = core.Primitive("jequi_sc_vjp")
+vjp_p.multiple_results = True
+
+
+def _forward_impl(x, wr, rows, bs, *, spec: Spec):
+    return kernels.forward(spec.desc, x, wr, rows, bs, block=spec.block)
+
+
+def _jvp_impl(x, wr, tx, twr, rows, bs, *, spec: Spec):
+    return kernels.tangent(spec.desc, x, wr, tx, twr, rows, bs, block=spec.block)
+
+
+def _vjp_impl(x, wr, g, rows, bs, *, spec: Spec):
+    gx, partial = kernels.backward(spec.desc, x, wr, g, rows, bs, block=spec.block)
+    return [gx, symmetric_basis.species_sum(partial, bs, wr.shape[0])]
+
+
+def _out_aval(x, spec: Spec):
+    return x.update(shape=(x.shape[0], spec.desc.irreps_out.dim), weak_type=False)
+
+
+for _p, _impl, _abstract in (
+    (forward_p, _forward_impl, lambda x, wr, rows, bs, *, spec: _out_aval(x, spec)),
+    (jvp_p, _jvp_impl, lambda x, wr, tx, twr, rows, bs, *, spec: _out_aval(x, spec)),
+    (vjp_p, _vjp_impl, lambda x, wr, g, rows, bs, *, spec: [x.update(weak_type=False), wr.update(weak_type=False)]),
+):
+    _p.def_impl(_impl)
+    _p.def_abstract_eval(_abstract)
+    mlir.register_lowering(_p, mlir.lower_fun(_impl, multiple_results=_p.multiple_results))
+
+
+def _nonzero(t) -> bool:
+    return type(t) is not ad.Zero
+
+
+def _instantiate(t, like):
+    return t if _nonzero(t) else jnp.zeros_like(like)
+
+
+def _zero_out(out):
+    return ad.Zero(out.aval.to_tangent_aval())
+
+
+def _forward_jvp(primals, tangents, *, spec: Spec):
+    x, wr, rows, bs = primals
+    out = forward_p.bind(x, wr, rows, bs, spec=spec)
+    if not (_nonzero(tangents[0]) or _nonzero(tangents[1])):
+        return out, _zero_out(out)
+    return out, jvp_p.bind(x, wr, _instantiate(tangents[0], x), _instantiate(tangents[1], wr), rows, bs, spec=spec)
+
+
+def _jvp_jvp(primals, tangents, *, spec: Spec):
+    """Linear in ``(tx, twr)`` (the kernel again with their tangents); in ``(x, wr)`` the
+    reference's second derivative."""
+    x, wr, tx, twr, rows, bs = primals
+    out = jvp_p.bind(x, wr, tx, twr, rows, bs, spec=spec)
+    terms = []
+    if _nonzero(tangents[2]) or _nonzero(tangents[3]):
+        terms.append(jvp_p.bind(x, wr, _instantiate(tangents[2], tx), _instantiate(tangents[3], twr), rows, bs, spec=spec))
+    if _nonzero(tangents[0]) or _nonzero(tangents[1]):
+        inner = lambda a, b: jax.jvp(lambda a_, b_: _reference(spec, a_, b_, rows, bs), (a, b), (tx, twr))[1]  # noqa: E731
+        terms.append(jax.jvp(inner, (x, wr), (_instantiate(tangents[0], x), _instantiate(tangents[1], wr)))[1])
+    if not terms:
+        return out, _zero_out(out)
+    return out, sum(terms[1:], terms[0])
+
+
+def _vjp_jvp(primals, tangents, *, spec: Spec):
+    """Linear in ``g`` (the backward kernel with its tangent); in ``(x, wr)`` the reference's
+    second derivative."""
+    x, wr, g, rows, bs = primals
+    outs = vjp_p.bind(x, wr, g, rows, bs, spec=spec)
+    terms = []
+    if _nonzero(tangents[2]):
+        terms.append(vjp_p.bind(x, wr, tangents[2], rows, bs, spec=spec))
+    if _nonzero(tangents[0]) or _nonzero(tangents[1]):
+        inner = lambda a, b: jax.vjp(lambda a_, b_: _reference(spec, a_, b_, rows, bs), a, b)[1](g)  # noqa: E731
+        terms.append(jax.jvp(inner, (x, wr), (_instantiate(tangents[0], x), _instantiate(tangents[1], wr)))[1])
+    if not terms:
+        return outs, [_zero_out(o) for o in outs]
+    return outs, [sum(parts[1:], parts[0]) for parts in zip(*terms)]
+
+
+def _jvp_transpose(ct, x, wr, tx, twr, rows, bs, *, spec: Spec):
+    """``J^T ct`` for the tangent operands: the backward kernel."""
+    if not _nonzero(ct):
+        return [None] * 6
+    gx, gwr = vjp_p.bind(x, wr, ct, rows, bs, spec=spec)
+    return [None, None, gx if ad.is_undefined_primal(tx) else None, gwr if ad.is_undefined_primal(twr) else None, None, None]
+
+
+def _vjp_transpose(cts, x, wr, g, rows, bs, *, spec: Spec):
+    """``J ct`` for ``g``: the tangent kernel with the gradients' cotangents."""
+    if not ad.is_undefined_primal(g) or not any(_nonzero(c) for c in cts):
+        return [None] * 5
+    return [None, None, jvp_p.bind(x, wr, _instantiate(cts[0], x), _instantiate(cts[1], wr), rows, bs, spec=spec), None, None]
+
+
+def _batch(p):
+    """Fold a ``vmap`` axis into the rows: batch element ``b``'s rows are offset by ``b N`` and
+    its species groups by ``b S`` (the weights broadcast to every batch element)."""
+
+    def rule(operands, dims, *, spec: Spec):
+        size = next(a.shape[d] for a, d in zip(operands, dims) if d is not None)
+        moved = [jnp.broadcast_to(a, (size, *a.shape)) if d is None else jnp.moveaxis(a, d, 0) for a, d in zip(operands, dims)]
+        *floats, rows, bs = moved
+        n, groups = floats[0].shape[1], floats[1].shape[1]
+        offsets = jnp.arange(size, dtype=jnp.int32)[:, None]
+        rows = jnp.where(rows < 0, -1, rows + offsets * n).reshape(-1)
+        bs = (bs + offsets * groups).reshape(-1)
+        flat = [a.reshape(size * a.shape[1], *a.shape[2:]) for a in floats]
+        out = p.bind(*flat, rows, bs, spec=spec)
+        unfold = lambda a: a.reshape(size, a.shape[0] // size, *a.shape[1:])  # noqa: E731
+        if p.multiple_results:
+            return [unfold(o) for o in out], [0] * len(out)
+        return unfold(out), 0
+
+    return rule
+
+
+for _p, _rule in ((forward_p, _forward_jvp), (jvp_p, _jvp_jvp), (vjp_p, _vjp_jvp)):
+    ad.primitive_jvps[_p] = _rule
+    batching.primitive_batchers[_p] = _batch(_p)
+ad.primitive_transposes[jvp_p] = _jvp_transpose
+ad.primitive_transposes[vjp_p] = _vjp_transpose
+
+
+def contract(spec: Spec, x, wr, rows, block_species):
+    """The contraction of rows ``x (N, irreps_in.dim)`` with reduced weights ``wr (groups,
+    num_reduced, mul)`` over a schedule, by the kernels: differentiable to any order in both
+    modes, batchable."""
+    return forward_p.bind(x, wr, rows, block_species, spec=spec)
