@@ -80,6 +80,8 @@ def main():
     ap.add_argument("--present", type=int, default=8)
     ap.add_argument("--bandwidth", type=float, default=4.3e12)
     ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--methods", default="jequi-xla,jequi-pallas,cuex-uniform_1d", help="comma-separated subset")
+    ap.add_argument("--kind", default="symmetric", help="results file name: <date>-<device>-<kind>")
     ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args()
     problems = SMOKE if args.smoke else PROBLEMS
@@ -109,6 +111,7 @@ def main():
             if cue_f is not None:
                 methods["cuex-uniform_1d"] = (cue_f, to_ir_mul(irin, x), to_ir_mul(irout, g))
             ref = None
+            methods = {k: v for k, v in methods.items() if k in args.methods.split(",")}
             for method, (f, xm, gm) in methods.items():
                 fwd = jax.jit(f)
                 both = jax.jit(jax.grad(lambda x, w, s, g: jnp.vdot(f(x, s, w), g), argnums=(0, 1)))
@@ -129,7 +132,7 @@ def main():
                 result["cells"].append(cell)
                 lines.append(f"| {name} | {n} | {method} | {ms_f:.3f} | {ms_b:.3f} | {first_b:.1f} | {bound_f:.3f} / {bound_b:.3f} | {diff if diff is None else f'{diff:.1e}'} |")
                 print(lines[-1], flush=True)
-                save(result, "symmetric", "\n".join(lines) + "\n", args.out)
+                save(result, args.kind, "\n".join(lines) + "\n", args.out)
 
 
 if __name__ == "__main__":

@@ -235,21 +235,22 @@ def backward(desc, x, wr, g, rows, block_species, *, block: int):
             mask = cmask & (n_ >= 0)
             xs = _load_row(p, x_ref, n_, p.d_in, p.x_comps, c, mask)
             gs = _load_row(p, g_ref, n_, p.d_out, p.out_comps, c, mask)
-            gw = list(gw)
             wg = {}  # (component, j) -> w_j g_component, formed on first use
-            gx = [None] * len(xs)
+            basis, gx = {}, [None] * len(xs)
             for mono, terms, v, _ in _monomials(p, xs):
                 cm = None
                 for comp, j, coef in terms:
-                    gw[j] = fma(coef, gs[comp] * v, gw[j])
+                    _accumulate(basis, (comp, j), coef, v)
                     if (comp, j) not in wg:
                         wg[comp, j] = w[j] * gs[comp]
                     cm = coef * wg[comp, j] if cm is None else fma(coef, wg[comp, j], cm)
                 for k, a in enumerate(mono):  # d(x_a x_b ...)/dx_a: the other factors
                     others = [xs[b] for i, b in enumerate(mono) if i != k]
-                    d = functools.reduce(lambda u, v_: u * v_, others) if others else None
-                    term = cm if d is None else cm * d
+                    term = cm if not others else cm * functools.reduce(lambda u, v_: u * v_, others)
                     gx[a] = term if gx[a] is None else gx[a] + term
+            gw = list(gw)
+            for (comp, j), t in sorted(basis.items()):  # <g, basis> per reduced weight
+                gw[j] = fma(gs[comp], t, gw[j])
             gx = [jnp.zeros((kb,), dtype) if v is None else v for v in gx]
             _store_row(p, gx_ref, n_, p.d_in, p.x_comps, gx, c, mask)
             return tuple(gw)
