@@ -3,8 +3,10 @@ JAX primitives, built as :mod:`jequi.eaas_autodiff` builds the EAAS product's.
 
 * ``jequi_sc`` (forward): ``out`` from ``(x, wr)`` (rows and reduced weights);
 * ``jequi_sc_jvp``: ``dout`` for tangents ``(tx, twr)``, linear in them (the tangent kernel);
-* ``jequi_sc_vjp``: ``(gx, gwr)`` of ``<g, out>``, linear in ``g`` (the backward kernel, its
-  weight gradient added per species in a fixed order).
+* ``jequi_sc_vjp``: those of ``(gx, gwr)`` of ``<g, out>`` that its static ``needs`` asks for,
+  linear in ``g`` (the backward kernel, its weight gradient added per species in a fixed order;
+  a transpose asks only for the gradients of the tangents it transposes, so an MD step's
+  forces never compute the weights' gradient).
 
 The two linear primitives are each other's transpose, so ``jax.grad`` runs the backward kernel,
 ``jax.jvp`` the tangent kernel, and force training (reverse of reverse) transposes the
@@ -63,9 +65,21 @@ def _jvp_impl(x, wr, tx, twr, rows, bs, *, spec: Spec):
     return kernels.tangent(spec.desc, x, wr, tx, twr, rows, bs, block=spec.block)
 
 
-def _vjp_impl(x, wr, g, rows, bs, *, spec: Spec):
-    gx, partial = kernels.backward(spec.desc, x, wr, g, rows, bs, block=spec.block)
-    return [gx, symmetric_basis.species_sum(partial, bs, wr.shape[0])]
+def _vjp_impl(x, wr, g, rows, bs, *, spec: Spec, needs):
+    outs = kernels.backward(spec.desc, x, wr, g, rows, bs, block=spec.block, needs=needs)
+    if needs[1]:
+        outs[-1] = symmetric_basis.species_sum(outs[-1], bs, wr.shape[0])
+    return outs
+
+
+def _needed(pair, needs):
+    return [v for v, need in zip(pair, needs) if need]
+
+
+def _spread(outs, needs):
+    """``(gx, gwr)`` with None for a gradient `needs` left out."""
+    outs = list(outs)
+    return [outs.pop(0) if need else None for need in needs]
 
 
 def _out_aval(x, spec: Spec):
@@ -75,7 +89,7 @@ def _out_aval(x, spec: Spec):
 for _p, _impl, _abstract in (
     (forward_p, _forward_impl, lambda x, wr, rows, bs, *, spec: _out_aval(x, spec)),
     (jvp_p, _jvp_impl, lambda x, wr, tx, twr, rows, bs, *, spec: _out_aval(x, spec)),
-    (vjp_p, _vjp_impl, lambda x, wr, g, rows, bs, *, spec: [x.update(weak_type=False), wr.update(weak_type=False)]),
+    (vjp_p, _vjp_impl, lambda x, wr, g, rows, bs, *, spec, needs: _needed([x.update(weak_type=False), wr.update(weak_type=False)], needs)),
 ):
     _p.def_impl(_impl)
     _p.def_abstract_eval(_abstract)
@@ -118,16 +132,16 @@ def _jvp_jvp(primals, tangents, *, spec: Spec):
     return out, sum(terms[1:], terms[0])
 
 
-def _vjp_jvp(primals, tangents, *, spec: Spec):
+def _vjp_jvp(primals, tangents, *, spec: Spec, needs):
     """Linear in ``g`` (the backward kernel with its tangent); in ``(x, wr)`` the reference's
     second derivative."""
     x, wr, g, rows, bs = primals
-    outs = vjp_p.bind(x, wr, g, rows, bs, spec=spec)
+    outs = vjp_p.bind(x, wr, g, rows, bs, spec=spec, needs=needs)
     terms = []
     if _nonzero(tangents[2]):
-        terms.append(vjp_p.bind(x, wr, tangents[2], rows, bs, spec=spec))
+        terms.append(vjp_p.bind(x, wr, tangents[2], rows, bs, spec=spec, needs=needs))
     if _nonzero(tangents[0]) or _nonzero(tangents[1]):
-        inner = lambda a, b: jax.vjp(lambda a_, b_: _reference(spec, a_, b_, rows, bs), a, b)[1](g)  # noqa: E731
+        inner = lambda a, b: _needed(jax.vjp(lambda a_, b_: _reference(spec, a_, b_, rows, bs), a, b)[1](g), needs)  # noqa: E731
         terms.append(jax.jvp(inner, (x, wr), (_instantiate(tangents[0], x), _instantiate(tangents[1], wr)))[1])
     if not terms:
         return outs, [_zero_out(o) for o in outs]
@@ -135,25 +149,28 @@ def _vjp_jvp(primals, tangents, *, spec: Spec):
 
 
 def _jvp_transpose(ct, x, wr, tx, twr, rows, bs, *, spec: Spec):
-    """``J^T ct`` for the tangent operands: the backward kernel."""
-    if not _nonzero(ct):
+    """``J^T ct`` for the tangent operands: the backward kernel, for those operands only."""
+    needs = (ad.is_undefined_primal(tx), ad.is_undefined_primal(twr))
+    if not _nonzero(ct) or not any(needs):
         return [None] * 6
-    gx, gwr = vjp_p.bind(x, wr, ct, rows, bs, spec=spec)
-    return [None, None, gx if ad.is_undefined_primal(tx) else None, gwr if ad.is_undefined_primal(twr) else None, None, None]
+    gx, gwr = _spread(vjp_p.bind(x, wr, ct, rows, bs, spec=spec, needs=needs), needs)
+    return [None, None, gx, gwr, None, None]
 
 
-def _vjp_transpose(cts, x, wr, g, rows, bs, *, spec: Spec):
+def _vjp_transpose(cts, x, wr, g, rows, bs, *, spec: Spec, needs):
     """``J ct`` for ``g``: the tangent kernel with the gradients' cotangents."""
-    if not ad.is_undefined_primal(g) or not any(_nonzero(c) for c in cts):
+    cx, cw = _spread(cts, needs)
+    cx, cw = (None if c is None or not _nonzero(c) else c for c in (cx, cw))
+    if not ad.is_undefined_primal(g) or (cx is None and cw is None):
         return [None] * 5
-    return [None, None, jvp_p.bind(x, wr, _instantiate(cts[0], x), _instantiate(cts[1], wr), rows, bs, spec=spec), None, None]
+    return [None, None, jvp_p.bind(x, wr, jnp.zeros_like(x) if cx is None else cx, jnp.zeros_like(wr) if cw is None else cw, rows, bs, spec=spec), None, None]
 
 
 def _batch(p):
     """Fold a ``vmap`` axis into the rows: batch element ``b``'s rows are offset by ``b N`` and
     its species groups by ``b S`` (the weights broadcast to every batch element)."""
 
-    def rule(operands, dims, *, spec: Spec):
+    def rule(operands, dims, *, spec: Spec, **params):
         size = next(a.shape[d] for a, d in zip(operands, dims) if d is not None)
         moved = [jnp.broadcast_to(a, (size, *a.shape)) if d is None else jnp.moveaxis(a, d, 0) for a, d in zip(operands, dims)]
         *floats, rows, bs = moved
@@ -162,7 +179,7 @@ def _batch(p):
         rows = jnp.where(rows < 0, -1, rows + offsets * n).reshape(-1)
         bs = (bs + offsets * groups).reshape(-1)
         flat = [a.reshape(size * a.shape[1], *a.shape[2:]) for a in floats]
-        out = p.bind(*flat, rows, bs, spec=spec)
+        out = p.bind(*flat, rows, bs, spec=spec, **params)
         unfold = lambda a: a.reshape(size, a.shape[0] // size, *a.shape[1:])  # noqa: E731
         if p.multiple_results:
             return [unfold(o) for o in out], [0] * len(out)

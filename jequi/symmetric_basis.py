@@ -344,9 +344,13 @@ def species_blocks(species, num_species: int, block: int):
     indices do). ``num_blocks = ceil(N / block) + num_species + 1`` bounds every distribution
     of species; the unused blocks hold no rows. Works under ``jit``."""
     n = species.shape[0]
-    s = jnp.where((species >= 0) & (species < num_species), species, num_species).astype(jnp.int32)
     groups = num_species + 1
-    counts = jnp.zeros((groups,), jnp.int32).at[s].add(1)
+    s = jnp.where((species >= 0) & (species < num_species), species, num_species).astype(jnp.int32)
+    # Few groups: counts and block ranges as one comparison against every group (fused by XLA;
+    # a scatter-add and searchsorted's loop cost more than the kernels at 4k rows,
+    # benchmarks/results/2026-12-01-nvidia-h200-symmetric-probe.md).
+    ids = jnp.arange(groups, dtype=jnp.int32)
+    counts = jnp.sum(s[:, None] == ids[None, :], axis=0, dtype=jnp.int32)
     blocks_per = (counts + block - 1) // block
     block_end = jnp.cumsum(blocks_per)
     block_start = block_end - blocks_per
@@ -356,8 +360,9 @@ def species_blocks(species, num_species: int, block: int):
     rank = jnp.arange(n, dtype=jnp.int32) - first[sorted_s]
     slot = block_start[sorted_s] * block + rank
     num_blocks = -(-n // block) + groups
-    rows = jnp.full((num_blocks * block,), -1, jnp.int32).at[slot].set(order, mode="drop")
-    block_species = jnp.minimum(jnp.searchsorted(block_end, jnp.arange(num_blocks, dtype=jnp.int32), side="right"), num_species)
+    rows = jnp.full((num_blocks * block,), -1, jnp.int32).at[slot].set(order, mode="drop", unique_indices=True)
+    blocks = jnp.arange(num_blocks, dtype=jnp.int32)
+    block_species = jnp.minimum(jnp.sum(blocks[:, None] >= block_end[None, :], axis=1, dtype=jnp.int32), num_species)
     return rows, block_species.astype(jnp.int32)
 
 

@@ -216,17 +216,21 @@ def tangent(desc, x, wr, tx, twr, rows, block_species, *, block: int):
     return out.reshape(n, p.d_out)
 
 
-@functools.partial(jax.jit, static_argnames=("desc", "block"))
-def backward(desc, x, wr, g, rows, block_species, *, block: int):
-    """``(gx (N, irreps_in.dim), gw_blocks (num_blocks, num_reduced, mul))``: the gradient of
-    ``<g, forward(...)>`` in ``x`` and, per block, in its species' reduced weights (add them per
-    species with :func:`jequi.symmetric_basis.species_sum`)."""
+@functools.partial(jax.jit, static_argnames=("desc", "block", "needs"))
+def backward(desc, x, wr, g, rows, block_species, *, block: int, needs: tuple[bool, bool] = (True, True)):
+    """``[gx (N, irreps_in.dim), gw_blocks (num_blocks, num_reduced, mul)]``, those that `needs`
+    asks for: the gradient of ``<g, forward(...)>`` in ``x`` and, per block, in its species'
+    reduced weights (add them per species with :func:`jequi.symmetric_basis.species_sum`). A
+    gradient not asked for is not computed (an MD step needs ``gx`` alone: the kernel then holds
+    no weight-gradient accumulators)."""
     p, n, dtype = plan(desc), x.shape[0], x.dtype
+    need_x, need_w = needs
     _check(p, n)
     kb = lanes(p.mul)
     nb = block_species.shape[0]
 
-    def kernel(rows_ref, bs_ref, x_ref, w_ref, g_ref, gx_ref, gw_ref):
+    def kernel(rows_ref, bs_ref, x_ref, w_ref, g_ref, *out_refs):
+        gx_ref, gw_ref = (out_refs[0] if need_x else None), (out_refs[-1] if need_w else None)
         blk, c, cmask = _lanes(p)
         w = _load_weights(p, w_ref, bs_ref[blk], c, cmask)
 
@@ -240,26 +244,40 @@ def backward(desc, x, wr, g, rows, block_species, *, block: int):
             for mono, terms, v, _ in _monomials(p, xs):
                 cm = None
                 for comp, j, coef in terms:
-                    _accumulate(basis, (comp, j), coef, v)
-                    if (comp, j) not in wg:
-                        wg[comp, j] = w[j] * gs[comp]
-                    cm = coef * wg[comp, j] if cm is None else fma(coef, wg[comp, j], cm)
-                for k, a in enumerate(mono):  # d(x_a x_b ...)/dx_a: the other factors
-                    others = [xs[b] for i, b in enumerate(mono) if i != k]
-                    term = cm if not others else cm * functools.reduce(lambda u, v_: u * v_, others)
-                    gx[a] = term if gx[a] is None else gx[a] + term
+                    if need_w:
+                        _accumulate(basis, (comp, j), coef, v)
+                    if need_x:
+                        if (comp, j) not in wg:
+                            wg[comp, j] = w[j] * gs[comp]
+                        cm = coef * wg[comp, j] if cm is None else fma(coef, wg[comp, j], cm)
+                if need_x:
+                    for k, a in enumerate(mono):  # d(x_a x_b ...)/dx_a: the other factors
+                        others = [xs[b] for i, b in enumerate(mono) if i != k]
+                        term = cm if not others else cm * functools.reduce(lambda u, v_: u * v_, others)
+                        gx[a] = term if gx[a] is None else gx[a] + term
+            if need_x:
+                gx = [jnp.zeros((kb,), dtype) if v is None else v for v in gx]
+                _store_row(p, gx_ref, n_, p.d_in, p.x_comps, gx, c, mask)
+            if not need_w:
+                return gw
             gw = list(gw)
             for (comp, j), t in sorted(basis.items()):  # <g, basis> per reduced weight
                 gw[j] = fma(gs[comp], t, gw[j])
-            gx = [jnp.zeros((kb,), dtype) if v is None else v for v in gx]
-            _store_row(p, gx_ref, n_, p.d_in, p.x_comps, gx, c, mask)
             return tuple(gw)
 
-        gw = jax.lax.fori_loop(0, block, row, tuple(jnp.zeros((kb,), dtype) for _ in range(p.num_reduced)))
-        for j, v in enumerate(gw):
-            masked_store(gw_ref, (blk * p.num_reduced + j) * p.mul + c, v, cmask)
+        carry = tuple(jnp.zeros((kb,), dtype) for _ in range(p.num_reduced)) if need_w else 0
+        gw = jax.lax.fori_loop(0, block, row, carry)
+        if need_w:
+            for j, v in enumerate(gw):
+                masked_store(gw_ref, (blk * p.num_reduced + j) * p.mul + c, v, cmask)
 
-    shapes = (jax.ShapeDtypeStruct((n * p.d_in,), dtype), jax.ShapeDtypeStruct((nb * p.num_reduced * p.mul,), dtype))
+    shapes = [jax.ShapeDtypeStruct((n * p.d_in,), dtype)] * need_x + [jax.ShapeDtypeStruct((nb * p.num_reduced * p.mul,), dtype)] * need_w
     grid, warps = _launch(p, nb)
-    gx, gw = pallas_call(kernel, shapes, grid, warps, name="jequi_sc_bwd")(rows, block_species, x.reshape(-1), wr.reshape(-1), g.reshape(-1))
-    return gx.reshape(n, p.d_in), gw.reshape(nb, p.num_reduced, p.mul)
+    outs = pallas_call(kernel, tuple(shapes), grid, warps, name="jequi_sc_bwd")(rows, block_species, x.reshape(-1), wr.reshape(-1), g.reshape(-1))
+    outs = list(outs)
+    result = []
+    if need_x:
+        result.append(outs.pop(0).reshape(n, p.d_in))
+    if need_w:
+        result.append(outs.pop(0).reshape(nb, p.num_reduced, p.mul))
+    return result
