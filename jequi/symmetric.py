@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import symmetric_autodiff, symmetric_basis
-from .irreps import Irreps, as_irreps
+from .irreps import as_irreps
 
 BACKENDS = ("xla", "pallas")
 # Rows a kernel program walks, all of one species: each species' last block is partly empty, so

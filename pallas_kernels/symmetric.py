@@ -20,7 +20,6 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from jequi.symmetric_basis import SymmetricContractionDescriptor
 
@@ -129,13 +128,11 @@ def _basis(p: Plan, xs):
     return acc
 
 
-def _contract(p: Plan, acc: dict, w, dtype, kb, extra=None):
+def _contract(p: Plan, acc: dict, w, dtype, kb):
+    """Each output component: the accumulators times the block's reduced weights."""
     out = [None] * len(p.out_comps)
     for (comp, j), v in sorted(acc.items()):
         out[comp] = w[j] * v if out[comp] is None else fma(w[j], v, out[comp])
-    if extra:
-        for (comp, j), v in sorted(extra.items()):
-            out[comp] = w[j] * v if out[comp] is None else fma(w[j], v, out[comp])
     return [jnp.zeros((kb,), dtype) if o is None else o for o in out]
 
 
