@@ -25,6 +25,7 @@ from jax.interpreters import ad, batching, mlir
 from pallas_kernels import eaas as kernels
 
 from . import eaas
+from .tangents import instantiate, nonzero
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,20 +95,14 @@ for _p, _impl, _abstract in (
     mlir.register_lowering(_p, mlir.lower_fun(_impl, multiple_results=_p.multiple_results))
 
 
-def _nonzero(t) -> bool:
-    return type(t) is not ad.Zero
-
-
-def _instantiate(t, like):
-    return t if _nonzero(t) else jnp.zeros_like(like)
 
 
 def _forward_jvp(primals, tangents, *, spec: Spec):
     x, r = primals
     z = forward_p.bind(x, r, spec=spec)
-    if not any(_nonzero(t) for t in tangents):
+    if not any(nonzero(t) for t in tangents):
         return z, ad.Zero(z.aval.to_tangent_aval())
-    return z, jvp_p.bind(x, r, _instantiate(tangents[0], x), _instantiate(tangents[1], r), spec=spec)
+    return z, jvp_p.bind(x, r, instantiate(tangents[0], x), instantiate(tangents[1], r), spec=spec)
 
 
 def _jvp_jvp(primals, tangents, *, spec: Spec):
@@ -116,11 +111,11 @@ def _jvp_jvp(primals, tangents, *, spec: Spec):
     x, r, tx, tr = primals
     out = jvp_p.bind(x, r, tx, tr, spec=spec)
     terms = []
-    if _nonzero(tangents[2]) or _nonzero(tangents[3]):
-        terms.append(jvp_p.bind(x, r, _instantiate(tangents[2], tx), _instantiate(tangents[3], tr), spec=spec))
-    if _nonzero(tangents[0]) or _nonzero(tangents[1]):
+    if nonzero(tangents[2]) or nonzero(tangents[3]):
+        terms.append(jvp_p.bind(x, r, instantiate(tangents[2], tx), instantiate(tangents[3], tr), spec=spec))
+    if nonzero(tangents[0]) or nonzero(tangents[1]):
         inner = lambda x_, r_: jax.jvp(lambda a, b: _reference(spec, a, b), (x_, r_), (tx, tr))[1]  # noqa: E731
-        terms.append(jax.jvp(inner, (x, r), (_instantiate(tangents[0], x), _instantiate(tangents[1], r)))[1])
+        terms.append(jax.jvp(inner, (x, r), (instantiate(tangents[0], x), instantiate(tangents[1], r)))[1])
     if not terms:
         return out, ad.Zero(out.aval.to_tangent_aval())
     return out, sum(terms[1:], terms[0])
@@ -132,11 +127,11 @@ def _vjp_jvp(primals, tangents, *, spec: Spec):
     x, r, g = primals
     outs = vjp_p.bind(x, r, g, spec=spec)
     terms = []
-    if _nonzero(tangents[2]):
+    if nonzero(tangents[2]):
         terms.append(vjp_p.bind(x, r, tangents[2], spec=spec))
-    if _nonzero(tangents[0]) or _nonzero(tangents[1]):
+    if nonzero(tangents[0]) or nonzero(tangents[1]):
         inner = lambda x_, r_: jax.vjp(lambda a, b: _reference(spec, a, b), x_, r_)[1](g)  # noqa: E731
-        terms.append(jax.jvp(inner, (x, r), (_instantiate(tangents[0], x), _instantiate(tangents[1], r)))[1])
+        terms.append(jax.jvp(inner, (x, r), (instantiate(tangents[0], x), instantiate(tangents[1], r)))[1])
     if not terms:
         return outs, [ad.Zero(o.aval.to_tangent_aval()) for o in outs]
     return outs, [sum(parts[1:], parts[0]) for parts in zip(*terms)]
@@ -144,7 +139,7 @@ def _vjp_jvp(primals, tangents, *, spec: Spec):
 
 def _jvp_transpose(ct, x, r, tx, tr, *, spec: Spec):
     """``J^T ct`` for the tangent operands: the backward kernel."""
-    if not _nonzero(ct):
+    if not nonzero(ct):
         return [None, None, None, None]
     gx, gr = vjp_p.bind(x, r, ct, spec=spec)
     return [None, None, gx if ad.is_undefined_primal(tx) else None, gr if ad.is_undefined_primal(tr) else None]
@@ -152,9 +147,9 @@ def _jvp_transpose(ct, x, r, tx, tr, *, spec: Spec):
 
 def _vjp_transpose(cts, x, r, g, *, spec: Spec):
     """``J ct`` for ``g``: the tangent kernel with the gradients' cotangents."""
-    if not ad.is_undefined_primal(g) or not any(_nonzero(c) for c in cts):
+    if not ad.is_undefined_primal(g) or not any(nonzero(c) for c in cts):
         return [None, None, None]
-    return [None, None, jvp_p.bind(x, r, _instantiate(cts[0], x), _instantiate(cts[1], r), spec=spec)]
+    return [None, None, jvp_p.bind(x, r, instantiate(cts[0], x), instantiate(cts[1], r), spec=spec)]
 
 
 def _fold(operands, dims):

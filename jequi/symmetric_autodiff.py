@@ -30,6 +30,7 @@ from pallas_kernels import symmetric as kernels
 
 from . import symmetric_basis
 from .symmetric_basis import SymmetricContractionDescriptor
+from .tangents import instantiate, nonzero
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,12 +97,6 @@ for _p, _impl, _abstract in (
     mlir.register_lowering(_p, mlir.lower_fun(_impl, multiple_results=_p.multiple_results))
 
 
-def _nonzero(t) -> bool:
-    return type(t) is not ad.Zero
-
-
-def _instantiate(t, like):
-    return t if _nonzero(t) else jnp.zeros_like(like)
 
 
 def _zero_out(out):
@@ -111,9 +106,9 @@ def _zero_out(out):
 def _forward_jvp(primals, tangents, *, spec: Spec):
     x, wr, rows, bs = primals
     out = forward_p.bind(x, wr, rows, bs, spec=spec)
-    if not (_nonzero(tangents[0]) or _nonzero(tangents[1])):
+    if not (nonzero(tangents[0]) or nonzero(tangents[1])):
         return out, _zero_out(out)
-    return out, jvp_p.bind(x, wr, _instantiate(tangents[0], x), _instantiate(tangents[1], wr), rows, bs, spec=spec)
+    return out, jvp_p.bind(x, wr, instantiate(tangents[0], x), instantiate(tangents[1], wr), rows, bs, spec=spec)
 
 
 def _jvp_jvp(primals, tangents, *, spec: Spec):
@@ -122,11 +117,11 @@ def _jvp_jvp(primals, tangents, *, spec: Spec):
     x, wr, tx, twr, rows, bs = primals
     out = jvp_p.bind(x, wr, tx, twr, rows, bs, spec=spec)
     terms = []
-    if _nonzero(tangents[2]) or _nonzero(tangents[3]):
-        terms.append(jvp_p.bind(x, wr, _instantiate(tangents[2], tx), _instantiate(tangents[3], twr), rows, bs, spec=spec))
-    if _nonzero(tangents[0]) or _nonzero(tangents[1]):
+    if nonzero(tangents[2]) or nonzero(tangents[3]):
+        terms.append(jvp_p.bind(x, wr, instantiate(tangents[2], tx), instantiate(tangents[3], twr), rows, bs, spec=spec))
+    if nonzero(tangents[0]) or nonzero(tangents[1]):
         inner = lambda a, b: jax.jvp(lambda a_, b_: _reference(spec, a_, b_, rows, bs), (a, b), (tx, twr))[1]  # noqa: E731
-        terms.append(jax.jvp(inner, (x, wr), (_instantiate(tangents[0], x), _instantiate(tangents[1], wr)))[1])
+        terms.append(jax.jvp(inner, (x, wr), (instantiate(tangents[0], x), instantiate(tangents[1], wr)))[1])
     if not terms:
         return out, _zero_out(out)
     return out, sum(terms[1:], terms[0])
@@ -138,11 +133,11 @@ def _vjp_jvp(primals, tangents, *, spec: Spec, needs):
     x, wr, g, rows, bs = primals
     outs = vjp_p.bind(x, wr, g, rows, bs, spec=spec, needs=needs)
     terms = []
-    if _nonzero(tangents[2]):
+    if nonzero(tangents[2]):
         terms.append(vjp_p.bind(x, wr, tangents[2], rows, bs, spec=spec, needs=needs))
-    if _nonzero(tangents[0]) or _nonzero(tangents[1]):
+    if nonzero(tangents[0]) or nonzero(tangents[1]):
         inner = lambda a, b: _needed(jax.vjp(lambda a_, b_: _reference(spec, a_, b_, rows, bs), a, b)[1](g), needs)  # noqa: E731
-        terms.append(jax.jvp(inner, (x, wr), (_instantiate(tangents[0], x), _instantiate(tangents[1], wr)))[1])
+        terms.append(jax.jvp(inner, (x, wr), (instantiate(tangents[0], x), instantiate(tangents[1], wr)))[1])
     if not terms:
         return outs, [_zero_out(o) for o in outs]
     return outs, [sum(parts[1:], parts[0]) for parts in zip(*terms)]
@@ -151,7 +146,7 @@ def _vjp_jvp(primals, tangents, *, spec: Spec, needs):
 def _jvp_transpose(ct, x, wr, tx, twr, rows, bs, *, spec: Spec):
     """``J^T ct`` for the tangent operands: the backward kernel, for those operands only."""
     needs = (ad.is_undefined_primal(tx), ad.is_undefined_primal(twr))
-    if not _nonzero(ct) or not any(needs):
+    if not nonzero(ct) or not any(needs):
         return [None] * 6
     gx, gwr = _spread(vjp_p.bind(x, wr, ct, rows, bs, spec=spec, needs=needs), needs)
     return [None, None, gx, gwr, None, None]
@@ -160,7 +155,7 @@ def _jvp_transpose(ct, x, wr, tx, twr, rows, bs, *, spec: Spec):
 def _vjp_transpose(cts, x, wr, g, rows, bs, *, spec: Spec, needs):
     """``J ct`` for ``g``: the tangent kernel with the gradients' cotangents."""
     cx, cw = _spread(cts, needs)
-    cx, cw = (None if c is None or not _nonzero(c) else c for c in (cx, cw))
+    cx, cw = (None if c is None or not nonzero(c) else c for c in (cx, cw))
     if not ad.is_undefined_primal(g) or (cx is None and cw is None):
         return [None] * 5
     return [None, None, jvp_p.bind(x, wr, jnp.zeros_like(x) if cx is None else cx, jnp.zeros_like(wr) if cw is None else cw, rows, bs, spec=spec), None, None]

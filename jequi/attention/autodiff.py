@@ -33,6 +33,7 @@ from jax.interpreters import ad, batching, mlir
 from pallas_kernels import attention as kernels
 
 from . import reference
+from ..tangents import nonzero
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,9 +138,6 @@ def _vjp_abstract(*avals, spec: Spec, needs: tuple):
 # --- rules ----------------------------------------------------------------------------------------
 
 
-def _nonzero(t) -> bool:
-    return type(t) is not ad.Zero
-
 
 def _zeros_like(aval):
     return ad.Zero(aval.to_tangent_aval())
@@ -147,16 +145,16 @@ def _zeros_like(aval):
 
 def _full(values, like):
     """`values` with symbolic zeros instantiated like the arrays of `like`."""
-    return tuple(jnp.zeros_like(a) if not _nonzero(t) else t for t, a in zip(values, like))
+    return tuple(jnp.zeros_like(a) if not nonzero(t) else t for t, a in zip(values, like))
 
 
 def _forward_jvp(primals, tangents, *, spec: Spec):
     outs = forward_p.bind(*primals, spec=spec)
     n = spec.n_x
-    has = tuple(_nonzero(t) for t in tangents[:n])
+    has = tuple(nonzero(t) for t in tangents[:n])
     if not any(has):
         return outs, [_zeros_like(o.aval) for o in outs]
-    ts = [t for t in tangents[:n] if _nonzero(t)]
+    ts = [t for t in tangents[:n] if nonzero(t)]
     dout = jvp_p.bind(*primals[:n], *outs, *ts, primals[-1], spec=spec, has=has)
     return outs, [dout, _zeros_like(outs[1].aval), _zeros_like(outs[2].aval)]
 
@@ -174,11 +172,11 @@ def _jvp_jvp(primals, tangents, *, spec: Spec, has: tuple):
     t_xs, t_ts = tangents[:n], tangents[n + 3 : -1]
     terms = []
     positions = [i for i, h in enumerate(has) if h]
-    inner = [(i, t) for i, t in zip(positions, t_ts) if _nonzero(t)]
+    inner = [(i, t) for i, t in zip(positions, t_ts) if nonzero(t)]
     if inner:
         new_has = tuple(i in dict(inner) for i in range(n))
         terms.append(jvp_p.bind(*xs, *stats, *(t for _, t in inner), nbr, spec=spec, has=new_has))
-    if any(_nonzero(t) for t in t_xs):
+    if any(nonzero(t) for t in t_xs):
         full_ts = list(jnp.zeros_like(x) for x in xs)
         for i, t in zip(positions, ts):
             full_ts[i] = t
@@ -201,9 +199,9 @@ def _vjp_jvp(primals, tangents, *, spec: Spec, needs: tuple):
     xs, stats, dout, nbr = primals[:n], primals[n : n + 3], primals[n + 3], primals[-1]
     t_xs, t_dout = tangents[:n], tangents[n + 3]
     terms = []
-    if _nonzero(t_dout):
+    if nonzero(t_dout):
         terms.append(vjp_p.bind(*xs, *stats, t_dout, nbr, spec=spec, needs=needs))
-    if any(_nonzero(t) for t in t_xs):
+    if any(nonzero(t) for t in t_xs):
         terms.append(jax.jvp(lambda *a: tuple(_reference_gradient(spec, a, nbr, dout, needs)), tuple(xs), _full(t_xs, xs))[1])
     if not terms:
         return outs, [_zeros_like(o.aval) for o in outs]
@@ -214,7 +212,7 @@ def _jvp_transpose(ct, *operands, spec: Spec, has: tuple):
     """``J^T ct`` for the tangent operands: the fused backward."""
     n = spec.n_x
     result = [None] * len(operands)
-    if not _nonzero(ct):
+    if not nonzero(ct):
         return result
     positions = [i for i, h in enumerate(has) if h]
     linear = [ad.is_undefined_primal(operands[n + 3 + k]) for k in range(len(positions))]
@@ -233,7 +231,7 @@ def _vjp_transpose(cts, *operands, spec: Spec, needs: tuple):
     n = spec.n_x
     result = [None] * len(operands)
     positions = [i for i, need in enumerate(needs) if need]
-    pairs = [(i, ct) for i, ct in zip(positions, cts) if _nonzero(ct)]
+    pairs = [(i, ct) for i, ct in zip(positions, cts) if nonzero(ct)]
     if not pairs or not ad.is_undefined_primal(operands[n + 3]):
         return result
     has = tuple(i in dict(pairs) for i in range(n))
