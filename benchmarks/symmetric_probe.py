@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jequi  # noqa: E402
-from jequi import symmetric_basis as sb  # noqa: E402
+from jequi import species as species_lib  # noqa: E402
 from pallas_kernels import symmetric as kernels  # noqa: E402
 from timing import timed  # noqa: E402
 
@@ -42,7 +42,7 @@ def main():
         wr = jnp.concatenate([wr, jnp.zeros((1, *wr.shape[1:]), wr.dtype)])
         t_w, _ = timed(jax.jit(d.reduced_weights), (w,))
         for block in [int(b) for b in args.blocks.split(",")]:
-            sched = jax.jit(lambda s, block=block: sb.species_blocks(s, 89, block))
+            sched = jax.jit(lambda s, block=block: species_lib.species_blocks(s, 89, block))
             t_s, _ = timed(sched, (species,))
             rows, bs = sched(species)
             fwd = jax.jit(lambda x, wr, rows, bs, block=block: kernels.forward(d, x, wr, rows, bs, block=block))
@@ -50,7 +50,7 @@ def main():
 
             def bwd(x, wr, g, rows, bs, block=block):
                 gx, part = kernels.backward(d, x, wr, g, rows, bs, block=block)
-                return gx, sb.species_sum(part, bs, wr.shape[0])
+                return gx, species_lib.species_sum(part, bs, wr.shape[0])
 
             t_b, first_b = timed(jax.jit(bwd), (x, wr, g, rows, bs))
             lines.append(f"| {n} | {block} | {t_s:.3f} | {t_w:.3f} | {t_f:.3f} | {t_b:.3f} | {first_b:.1f} |")

@@ -21,6 +21,7 @@ from .descriptor import Path, Segment, TensorProductDescriptor
 from .drop_in import tensor_product
 from .eaas import sh_tensor_product
 from .graph import Graph
+from .indexed_linear import IndexedLinear
 from .irreps import Irrep, Irreps
 from .products import TensorProduct, channelwise, fully_connected
 from .symmetric import SymmetricContraction
@@ -30,6 +31,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Graph",
+    "IndexedLinear",
     "Irrep",
     "Irreps",
     "Path",

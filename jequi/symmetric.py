@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import symmetric_autodiff, symmetric_basis
+from .species import species_blocks
 from .irreps import as_irreps
 
 BACKENDS = ("xla", "pallas")
@@ -128,7 +129,7 @@ class SymmetricContraction:
             sf = jnp.where((sf >= 0) & (sf < d.num_species), sf, d.num_species)
             out = symmetric_basis.reference(d, xf, sf, wr)
         else:
-            rows, block_species = symmetric_basis.species_blocks(sf, d.num_species, BLOCK)
+            rows, block_species = species_blocks(sf, d.num_species, BLOCK)
             out = symmetric_autodiff.contract(symmetric_autodiff.Spec(d, BLOCK), xf, wr, rows, block_species)
         out = out.reshape(*batch, d.irreps_out.dim)
         return e3nn.IrrepsArray(d.irreps_out, out) if wrap else out

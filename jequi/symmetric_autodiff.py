@@ -13,7 +13,7 @@ The two linear primitives are each other's transpose, so ``jax.grad`` runs the b
 backward's ``g``-linear part into the tangent kernel. The part of a second derivative that
 differentiates the kernels in ``(x, wr)`` themselves is autodiff of the pure-JAX reference
 (:func:`jequi.symmetric_basis.reference`): correct at every order, at XLA's speed. The rows'
-schedule (``rows``, ``block_species``: :func:`jequi.symmetric_basis.species_blocks`) is an
+schedule (``rows``, ``block_species``: :func:`jequi.species.species_blocks`) is an
 integer operand; ``vmap`` folds the batch into the rows and the species groups.
 """
 
@@ -28,7 +28,7 @@ from jax.interpreters import ad, batching, mlir
 
 from pallas_kernels import symmetric as kernels
 
-from . import symmetric_basis
+from . import species, symmetric_basis
 from .symmetric_basis import SymmetricContractionDescriptor
 from .tangents import instantiate, nonzero
 
@@ -69,7 +69,7 @@ def _jvp_impl(x, wr, tx, twr, rows, bs, *, spec: Spec):
 def _vjp_impl(x, wr, g, rows, bs, *, spec: Spec, needs):
     outs = kernels.backward(spec.desc, x, wr, g, rows, bs, block=spec.block, needs=needs)
     if needs[1]:
-        outs[-1] = symmetric_basis.species_sum(outs[-1], bs, wr.shape[0])
+        outs[-1] = species.species_sum(outs[-1], bs, wr.shape[0])
     return outs
 
 

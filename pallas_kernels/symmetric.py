@@ -3,13 +3,13 @@ forward, tangent (forward mode) and backward, each the polynomial of
 :mod:`jequi.symmetric_basis` unrolled per channel vector, its nonzero coefficients Python
 floats in the code.
 
-A program owns one *block* of rows of one species (the caller builds the blocks with :func:`jequi.symmetric_basis.species_blocks`) and a chunk of channels on the lanes. It loads
+A program owns one *block* of rows of one species (the caller builds the blocks with :func:`jequi.species.species_blocks`) and a chunk of channels on the lanes. It loads
 its species' reduced weights once, then walks its rows: each row's channel components are
 loaded once, each monomial ``x_a x_b ...`` is formed once (monomials in lexicographic order, so
 a prefix product is reused by the next ones) and added, with its coefficients, into one
 accumulator per (reduced weight, output component); the accumulators meet the weights at the
 end. The backward recomputes them, sums ``<g, basis>`` over the block's rows into the block's
-weight gradient (a per-block partial that :func:`jequi.symmetric_basis.species_sum` adds per
+weight gradient (a per-block partial that :func:`jequi.species.species_sum` adds per
 species in a fixed order: deterministic) and pulls ``g`` back to ``x`` through the same monomials.
 """
 
@@ -217,7 +217,7 @@ def tangent(desc, x, wr, tx, twr, rows, block_species, *, block: int):
 def backward(desc, x, wr, g, rows, block_species, *, block: int, needs: tuple[bool, bool] = (True, True)):
     """``[gx (N, irreps_in.dim), gw_blocks (num_blocks, num_reduced, mul)]``, those that `needs`
     asks for: the gradient of ``<g, forward(...)>`` in ``x`` and, per block, in its species'
-    reduced weights (add them per species with :func:`jequi.symmetric_basis.species_sum`). A
+    reduced weights (add them per species with :func:`jequi.species.species_sum`). A
     gradient not asked for is not computed (an MD step needs ``gx`` alone: the kernel then holds
     no weight-gradient accumulators)."""
     p, n, dtype = plan(desc), x.shape[0], x.dtype

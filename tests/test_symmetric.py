@@ -12,6 +12,7 @@ from conftest import assert_close
 from test_equivariance import rotation, wigner_d
 
 import jequi
+from jequi import species as species_lib
 from jequi import symmetric_basis as sb
 
 FIXTURE = np.load(os.path.join(os.path.dirname(__file__), "fixtures", "mace_torch_sc.npz"))
@@ -160,7 +161,7 @@ def test_out_of_range_species_under_jit_give_zero(backend):
 
 def test_species_blocks_schedule():
     s = jnp.asarray([2, 0, 2, 5, 1, 2, 2, 0, 9])  # 9: out of range for 6 species
-    rows, bs = sb.species_blocks(s, 6, 2)
+    rows, bs = species_lib.species_blocks(s, 6, 2)
     rows, bs = np.asarray(rows), np.asarray(bs)
     assert sorted(rows[rows >= 0]) == list(range(9))
     for b, sp in enumerate(bs):
