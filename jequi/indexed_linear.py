@@ -24,7 +24,7 @@ import numpy as np
 
 from .irreps import as_irreps
 from .products import fully_connected
-from .species import species_blocks
+from .species import node_inputs, species_blocks
 
 # Rows per block, all of one species (each species' last block is partly empty).
 BLOCK = 32
@@ -71,28 +71,10 @@ class IndexedLinear:
         return jax.random.normal(key, (self.weight_numel,), dtype)
 
     def __call__(self, x, species, w):
-        wrap = isinstance(x, e3nn.IrrepsArray)
-        if wrap:
-            if x.irreps.simplify() != self.irreps_in.simplify():
-                raise ValueError(f"x has irreps {x.irreps}, expected {self.irreps_in}")
-            x = x.array
-        x, species, w = jnp.asarray(x), jnp.asarray(species), jnp.asarray(w)
-        if not jnp.issubdtype(x.dtype, jnp.floating):
-            raise TypeError(f"x must be a floating-point array, got dtype {x.dtype}")
-        if x.ndim == 0 or x.shape[-1] != self.irreps_in.dim:
-            raise ValueError(f"x has shape {x.shape}; its last axis must be {self.irreps_in}.dim={self.irreps_in.dim}")
-        if not jnp.issubdtype(species.dtype, jnp.integer):
-            raise TypeError(f"species must be an integer array, got dtype {species.dtype}")
-        if species.shape != x.shape[:-1]:
-            raise ValueError(f"species has shape {species.shape}; expected x's leading dims {x.shape[:-1]}")
+        x, species, wrap = node_inputs(x, species, self.irreps_in, self.num_species)
+        w = jnp.asarray(w)
         if w.shape != (self.weight_numel,):
             raise ValueError(f"w has shape {w.shape}; expected ({self.weight_numel},)")
-        try:
-            values = np.asarray(species)
-        except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
-            values = None
-        if values is not None and values.size and (values.min() < 0 or values.max() >= self.num_species):
-            raise ValueError(f"species must lie in [0, {self.num_species}), got values in [{values.min()}, {values.max()}]")
         batch = x.shape[:-1]
         n = math.prod(batch)
         if n == 0:

@@ -1,8 +1,10 @@
 """Rows grouped by species: the schedule of the species-indexed ops (the symmetric contraction's
 kernels, :class:`jequi.IndexedLinear`) and the deterministic per-species sum of per-block partials."""
 
+import e3nn_jax as e3nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 def species_blocks(species, num_species: int, block: int):
@@ -41,3 +43,33 @@ def species_sum(partials, block_species, num_species: int):
     onehot = (block_species[None, :] == jnp.arange(num_species, dtype=jnp.int32)[:, None]).astype(partials.dtype)
     flat = partials.reshape(partials.shape[0], -1)
     return jnp.matmul(onehot, flat, precision=jax.lax.Precision.HIGHEST).reshape(num_species, *partials.shape[1:])
+
+
+def node_inputs(x, species, irreps_in, num_species: int, layout: str = "mul_ir"):
+    """``(x, species, was_irreps_array)`` of a species-indexed op's call, checked: `x` floating
+    with last axis ``irreps_in.dim`` (an ``e3nn_jax.IrrepsArray`` of those irreps, in ``mul_ir``),
+    `species` integer with `x`'s leading dims and, where concrete, in ``[0, num_species)`` (under
+    ``jit`` the callers treat other values as no species: zero out, zero gradient)."""
+    wrap = isinstance(x, e3nn.IrrepsArray)
+    if wrap:
+        if layout != "mul_ir":
+            raise ValueError(f"an e3nn_jax.IrrepsArray is mul_ir: build the op with layout='mul_ir', not {layout!r}")
+        if x.irreps.simplify() != irreps_in.simplify():
+            raise ValueError(f"x has irreps {x.irreps}, expected {irreps_in}")
+        x = x.array
+    x, species = jnp.asarray(x), jnp.asarray(species)
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise TypeError(f"x must be a floating-point array, got dtype {x.dtype}")
+    if x.ndim == 0 or x.shape[-1] != irreps_in.dim:
+        raise ValueError(f"x has shape {x.shape}; its last axis must be {irreps_in}.dim={irreps_in.dim}")
+    if not jnp.issubdtype(species.dtype, jnp.integer):
+        raise TypeError(f"species must be an integer array, got dtype {species.dtype}")
+    if species.shape != x.shape[:-1]:
+        raise ValueError(f"species has shape {species.shape}; expected x's leading dims {x.shape[:-1]}")
+    try:
+        values = np.asarray(species)
+    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
+        values = None
+    if values is not None and values.size and (values.min() < 0 or values.max() >= num_species):
+        raise ValueError(f"species must lie in [0, {num_species}), got values in [{values.min()}, {values.max()}]")
+    return x, species, wrap

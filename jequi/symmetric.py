@@ -18,10 +18,9 @@ import math
 import e3nn_jax as e3nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from . import symmetric_autodiff, symmetric_basis
-from .species import species_blocks
+from .species import node_inputs, species_blocks
 from .irreps import as_irreps
 
 BACKENDS = ("xla", "pallas")
@@ -32,13 +31,6 @@ BLOCK = 16
 
 def _default_backend() -> str:
     return "pallas" if jax.default_backend() == "gpu" else "xla"
-
-
-def _concrete(a):
-    try:
-        return np.asarray(a)
-    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
-        return None
 
 
 class SymmetricContraction:
@@ -95,26 +87,8 @@ class SymmetricContraction:
         outside ``[0, num_species)`` raises where ``species`` is concrete; under ``jit`` such a
         row gives zero and gets zero gradient."""
         d = self.descriptor
-        wrap = isinstance(x, e3nn.IrrepsArray)
-        if wrap:
-            if d.layout != "mul_ir":
-                raise ValueError("an e3nn_jax.IrrepsArray is mul_ir: build the contraction with layout='mul_ir'")
-            if x.irreps.simplify() != d.irreps_in.simplify():
-                raise ValueError(f"x has irreps {x.irreps}, expected {d.irreps_in}")
-            x = x.array
-        x, species = jnp.asarray(x), jnp.asarray(species)
-        if not jnp.issubdtype(x.dtype, jnp.floating):
-            raise TypeError(f"x must be a floating-point array, got dtype {x.dtype}")
-        if x.ndim == 0 or x.shape[-1] != d.irreps_in.dim:
-            raise ValueError(f"x has shape {x.shape}; its last axis must be {d.irreps_in}.dim={d.irreps_in.dim}")
-        if not jnp.issubdtype(species.dtype, jnp.integer):
-            raise TypeError(f"species must be an integer array, got dtype {species.dtype}")
-        if species.shape != x.shape[:-1]:
-            raise ValueError(f"species has shape {species.shape}; expected x's leading dims {x.shape[:-1]}")
+        x, species, wrap = node_inputs(x, species, d.irreps_in, d.num_species, d.layout)
         self._check_weights(weights)
-        values = _concrete(species)
-        if values is not None and values.size and (values.min() < 0 or values.max() >= d.num_species):
-            raise ValueError(f"species must lie in [0, {d.num_species}), got values in [{values.min()}, {values.max()}]")
         backend = backend or _default_backend()
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r} for a symmetric contraction; known: {', '.join(BACKENDS)}")
