@@ -249,10 +249,12 @@ class SymmetricContractionDescriptor:
                     parts.append(jnp.einsum("jk,skc->sjc", jnp.asarray(r, w.dtype), w, precision=jax.lax.Precision.HIGHEST))
         return jnp.concatenate(parts, axis=1)
 
+    @functools.cached_property
     def mono_table(self) -> tuple[list[tuple[int, ...]], np.ndarray]:
         """``(monos, dense (n_monos, num_reduced, n_out_components))``: the monomials the terms
         read and the terms as a dense matrix over them (the XLA reference's contraction), output
-        components in the order ``(block, m)``."""
+        components in the order ``(block, m)``; built once (every trace of the reference and of
+        the kernels' second derivatives reads it)."""
         monos = sorted({t.mono for t in self.terms}, key=lambda m: (len(m), m))
         where = {m: i for i, m in enumerate(monos)}
         starts = np.cumsum([0] + [b.ir.dim for b in self.blocks])
@@ -301,7 +303,7 @@ def reference(desc: SymmetricContractionDescriptor, x, species, wr, *, chunk_ele
     the species' weights. Rows go in chunks so that no intermediate holds more than
     `chunk_elements` values. Plain JAX: the oracle of the kernels and their derivatives of every
     order."""
-    monos, dense = desc.mono_table()
+    monos, dense = desc.mono_table
     n = x.shape[0]
     xc = to_channels(desc, x)  # (N, K, d)
     dense = jnp.asarray(dense, x.dtype)
