@@ -22,7 +22,7 @@ from ase.build import fcc111  # noqa: E402
 from ase.cluster import Icosahedron  # noqa: E402
 
 from jequi.graph import Graph  # noqa: E402
-from jequi.models import JequiCalculator, NequIP, NequIPConfig, ase_nve, data  # noqa: E402
+from jequi.models import JequiCalculator, MACEConfig, NequIP, NequIPConfig, ase_nve, data  # noqa: E402
 from jequi.models import calculator as single  # noqa: E402
 from jequi.models import distributed as dist  # noqa: E402
 from jequi.models.decomposition import SCHEMES, Decomposition  # noqa: E402
@@ -73,18 +73,24 @@ def model_params():
     return jax.tree.map(lambda a: a + 0.1, p)  # nonzero species shifts
 
 
-def reference(params, atoms):
+# MACE through the same machinery (its conv input exchanged like NequIP's; species-indexed skip
+# and contraction on each device's own atoms)
+MACE_CONFIG = MACEConfig(species=(29, 79), cutoff=4.5, hidden="4x0e+4x1o", radial_mlp=(8,), avg_num_neighbors=20.0,
+                         atomic_energies=(-3.0, -4.0), backend="xla", contraction_backend="xla")  # fmt: skip
+
+
+def reference(params, atoms, config=CONFIG):
     """Single-device energy, per-atom energies, forces and virial (the calculator's function)."""
     n = len(atoms)
-    s, r, sh = single.neighbour_edges(atoms, CONFIG.cutoff)
+    s, r, sh = single.neighbour_edges(atoms, config.cutoff)
     pad = EDGES_PAD - len(s)
     species = np.zeros(ATOMS_PAD, np.int32)
-    species[:n] = CONFIG.species_index(atoms.numbers)
+    species[:n] = config.species_index(atoms.numbers)
     positions = np.zeros((ATOMS_PAD, 3))
     positions[:n] = atoms.positions
     inputs = (species, positions, atoms.cell.array, np.concatenate([s, -np.ones(pad, np.int32)]),
               np.concatenate([r, -np.ones(pad, np.int32)]), np.concatenate([sh, np.zeros((pad, 3))]), np.arange(ATOMS_PAD) < n)  # fmt: skip
-    e, per_atom, forces, virial = jax.jit(single._evaluate, static_argnums=0)(CONFIG, params, *map(jnp.asarray, inputs))
+    e, per_atom, forces, virial = jax.jit(single._evaluate, static_argnums=0)(config, params, *map(jnp.asarray, inputs))
     return float(e), np.asarray(per_atom)[:n], np.asarray(forces)[:n], np.asarray(virial)
 
 
@@ -118,6 +124,19 @@ def check_structures(params):
                 z = atoms.positions[:, 2]
                 cuts = np.sort(z)[(np.arange(1, 4) * len(z)) // 4]
                 out[key]["atoms_on_cuts"] = int(np.isin(z, cuts).sum())
+    return out
+
+
+def check_mace():
+    """MACE split over 4 devices, both schemes, against one device (periodic Cu3Au)."""
+    params = jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), MACE_CONFIG.init_params(jax.random.key(3)))
+    atoms = periodic()
+    ref = reference(params, atoms, MACE_CONFIG)
+    out = {}
+    for scheme in SCHEMES:
+        dec = Decomposition(4, scheme, None, min_atoms=ATOMS_PAD, min_edges=EDGES_PAD)
+        shards = dist.split_atoms(atoms, MACE_CONFIG, dec)
+        out[scheme] = deviations(dist.evaluate(params, MACE_CONFIG, shards, dist.device_mesh(4), jnp.float64), ref)
     return out
 
 
@@ -220,7 +239,7 @@ def check_chunked_conv():
 
 
 CHECKS = {"structures": lambda: check_structures(model_params()), "calculator": check_calculator_and_main, "training": check_training,
-          "chunked_conv": check_chunked_conv}  # fmt: skip
+          "chunked_conv": check_chunked_conv, "mace": check_mace}  # fmt: skip
 
 
 def main(path, names):

@@ -56,6 +56,10 @@ def multidevice_failures(r: dict) -> list[str]:
     check(c["shifts"] == [1], f"on 2 devices, left and right neighbour are one device: {c}")
     k = r["chunked_conv"]
     check(k["xla"] < F64 and k["pallas"] < F64, f"radial_conv in edge chunks inside shard_map differs from one device: {k}")
+    for scheme, c in r["mace"].items():
+        for what in ("energy", "energies", "forces", "virial"):
+            check(c[what] < F64, f"MACE {scheme}: {what} deviates by {c[what]:.2e} from one device")
+        check(c["max_force"] > 1e-3, f"MACE {scheme}: no forces to compare")
     m = r["calculator"]["main"]
     check(m["split_line"] and m["energy"] <= 1e-4 and m["forces"] <= 1e-4, f"python -m jequi --devices 2 (4 decimals): {m}")
     return bad
@@ -214,7 +218,7 @@ def test_more_devices_than_jax_has_is_a_clear_error():
 
 
 def test_parameters_by_name_from_linen_or_haiku():
-    from jequi.models.distributed import model_parameters
+    from jequi.models.nequip import model_parameters
 
     names = {"embed": np.zeros(2)}
     assert model_parameters({"params": names}) is names and model_parameters({"nequip": names}) is names

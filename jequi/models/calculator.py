@@ -26,7 +26,7 @@ import numpy as np
 from ase.calculators.calculator import Calculator, PropertyNotImplementedError, all_changes
 
 from ..graph import Graph
-from .nequip import NequIP, NequIPConfig
+from .nequip import NequIPConfig
 
 
 def neighbour_edges(atoms, cutoff: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -65,7 +65,7 @@ def load_model(model):
     ``(params, config)`` pair."""
     from . import pretrained
 
-    if isinstance(model, tuple) and len(model) == 2 and isinstance(model[1], NequIPConfig):
+    if isinstance(model, tuple) and len(model) == 2 and hasattr(model[1], "energies"):
         return model
     if isinstance(model, (str, pathlib.Path)):
         path = pathlib.Path(model)
@@ -80,18 +80,17 @@ def load_model(model):
             return params, config
         shipped = sorted(p.stem for p in pretrained.WEIGHTS.glob("*.json"))
         raise ValueError(f"unknown model {model!r}: not a shipped model {shipped} nor a saved model's path")
-    raise TypeError(f"model must be a shipped name, a path or a (params, NequIPConfig) pair, got {type(model).__name__}")
+    raise TypeError(f"model must be a shipped name, a path or a (params, config) pair (NequIPConfig, MACEConfig), got {type(model).__name__}")
 
 
 def _evaluate(config: NequIPConfig, params, species, positions, cell, senders, receivers, shifts, node_mask):
     """Total energy, per-atom energies, forces and ``dE/d eps`` (the strain derivative) of one
     padded structure; padding atoms (``node_mask`` False) and edges (index -1) add nothing."""
     graph = Graph.build(senders, receivers, positions.shape[0], shifts=shifts)
-    model = NequIP(config)
 
     def energy(positions, strain):
         deform = jnp.eye(3, dtype=positions.dtype) + 0.5 * (strain + strain.T)
-        per_atom = model.apply(params, species, positions @ deform, graph, cell @ deform)
+        per_atom = config.energies(params, species, positions @ deform, graph, cell @ deform)
         per_atom = jnp.where(node_mask, per_atom, 0.0)
         return per_atom.sum(), per_atom
 

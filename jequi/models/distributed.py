@@ -30,7 +30,7 @@ from jax.sharding import PartitionSpec as P
 from ..graph import Graph
 from .calculator import calculator_model, calculator_results, check_stress_request, load_model, neighbour_edges
 from .decomposition import Decomposition, Layout, Shards, split
-from .nequip import NequIPConfig, atomic_energies
+from .nequip import NequIPConfig
 
 AXIS = "atoms"
 
@@ -60,16 +60,6 @@ def exchange(layout: Layout, sends, values):
     return jnp.concatenate(blocks)
 
 
-def model_parameters(params) -> dict:
-    """The parameters by name, from the Flax linen model's ``{"params": ...}`` or the Haiku
-    model's ``{"nequip": ...}``."""
-    for key in ("params", "nequip"):
-        if isinstance(params, dict) and key in params:
-            return params[key]
-    raise ValueError(f"params must be the linen model's {{'params': ...}} or the Haiku model's {{'nequip': ...}}, got keys "
-                     f"{list(params) if isinstance(params, dict) else type(params).__name__}")  # fmt: skip
-
-
 def device_energy(config: NequIPConfig, layout: Layout, params, species, positions, cell, senders, receivers, shifts,
                   atom_mask, strain, send):  # fmt: skip
     """One device's energy and per-atom energies of its own atoms, at ``strain`` (positions and
@@ -78,9 +68,7 @@ def device_energy(config: NequIPConfig, layout: Layout, params, species, positio
     deform = jnp.eye(3, dtype=positions.dtype) + 0.5 * (strain + strain.T)
     local_positions = send(positions @ deform)
     graph = Graph.build(senders, receivers, layout.nodes, num_senders=layout.local, shifts=shifts)
-    named = model_parameters(params)
-    param = lambda name, shape, std: named[name]  # noqa: E731
-    per_atom = atomic_energies(param, config, species, local_positions, graph, cell @ deform,
+    per_atom = config.energies(params, species, local_positions, graph, cell @ deform,
                                exchange=send if layout.scheme == "exchange" else None)  # fmt: skip
     per_atom = jnp.where(atom_mask, per_atom[: layout.owned], 0.0)
     return per_atom.sum(), per_atom

@@ -27,7 +27,7 @@ import numpy as np
 
 from ..graph import Graph
 from .calculator import load_model
-from .nequip import NequIP, NequIPConfig
+from .nequip import NequIPConfig
 
 
 def thermalize(atoms, temperature_K: float, seed: int = 0):
@@ -150,12 +150,11 @@ def _run(config: NequIPConfig, cl: CellList, masses, dt: float, rebuild_every: i
     """`chunks` x `rebuild_every` velocity-Verlet steps from ``state = (positions, velocities,
     forces)``; returns the final state, per-step potential and kinetic energies, and the flags
     ``(capacity_overflow, moved_past_half_skin)``."""
-    model = NequIP(config)
     inv_m = (1.0 / masses)[:, None]
     skin = cl.radius - config.cutoff
 
     def energy_forces(positions, graph):
-        e, grad = jax.value_and_grad(lambda p: model.apply(params, species, p, graph, cell).sum())(positions)
+        e, grad = jax.value_and_grad(lambda p: config.energies(params, species, p, graph, cell).sum())(positions)
         return e, -grad
 
     def chunk(carry, _):
@@ -200,7 +199,7 @@ class DeviceMD:
             raise ValueError(f"rebuild_every must be >= 1 and skin > 0, got {rebuild_every}, {skin}")
         params, config = load_model(model)
         if backend is not None:
-            config = NequIPConfig(**{**config.__dict__, "backend": backend})
+            config = dataclasses.replace(config, backend=backend)
         dtype = jnp.dtype(dtype)
         self.config, self.dtype, self.rebuild_every = config, dtype, rebuild_every
         self.params = jax.tree.map(lambda a: jnp.asarray(a, dtype), params)
@@ -213,9 +212,8 @@ class DeviceMD:
         self.regrown = 0  # how many times a run was repeated with larger capacities
         positions = jnp.asarray(atoms.positions, dtype)
         graph, _ = jax.jit(neighbour_graph, static_argnums=2)(positions, self.cell, self.cells)
-        model = NequIP(config)
         # the graph is an argument, not a closed-over constant: XLA would constant-fold its sort
-        grad = jax.jit(jax.grad(lambda p, g: model.apply(self.params, self.species, p, g, self.cell).sum()))
+        grad = jax.jit(jax.grad(lambda p, g: config.energies(self.params, self.species, p, g, self.cell).sum()))
         self.state = (positions, jnp.asarray(atoms.get_velocities(), dtype), -grad(positions, graph))
 
     @functools.cached_property

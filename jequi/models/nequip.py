@@ -64,6 +64,23 @@ class NequIPConfig:
         """Atomic numbers -> indices into :attr:`species` (ValueError for unknown elements)."""
         return species_index(self.species, numbers)
 
+    def energies(self, params, species, positions, graph, cell=None, exchange=None):
+        """Per-atom energies from the linen or Haiku parameters (:func:`atomic_energies`): the
+        model interface the calculator, MD and sharding call (:class:`jequi.models.MACEConfig`
+        has the same)."""
+        named = model_parameters(params)
+        return atomic_energies(lambda name, shape, std: named[name], self, species, positions, graph, cell, exchange)
+
+
+def model_parameters(params) -> dict:
+    """The parameters by name, from the Flax linen model's ``{"params": ...}`` or the Haiku
+    model's ``{"nequip": ...}``."""
+    for key in ("params", "nequip"):
+        if isinstance(params, dict) and key in params:
+            return params[key]
+    raise ValueError(f"params must be the linen model's {{'params': ...}} or the Haiku model's {{'nequip': ...}}, got keys "
+                     f"{list(params) if isinstance(params, dict) else type(params).__name__}")  # fmt: skip
+
 
 @functools.lru_cache(maxsize=64)
 def _conv_tp(irreps_x: str, irreps_sh: str, filter_out: str) -> TensorProduct:

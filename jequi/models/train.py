@@ -164,8 +164,12 @@ def train(
             params = config.init_params(jax.random.key(seed), b.species, b.positions, b.graph, b.cell)
         else:
             params = NequIP(config).init(jax.random.key(seed), b.species, b.positions, b.graph, b.cell)
-        shift = jnp.asarray(fit_species_shift(config, train_set), params["params"]["species_shift"].dtype)
-        params = {"params": {**params["params"], "species_shift": shift}}
+        shift = fit_species_shift(config, train_set)
+        if hasattr(config, "with_species_energies"):  # MACE: its E0s
+            params = config.with_species_energies(params, shift)
+        else:
+            shift = jnp.asarray(shift, params["params"]["species_shift"].dtype)
+            params = {"params": {**params["params"], "species_shift": shift}}
     optimizer = optax.inject_hyperparams(optax.adam)(learning_rate=learning_rate)
     opt_state = optimizer.init(params)
     if devices > 1:  # on every device, as each step returns them: the step compiles once
