@@ -37,6 +37,7 @@ import argparse
 import collections
 import dataclasses
 import datetime
+import functools
 import glob
 import json
 import pathlib
@@ -54,13 +55,15 @@ from timing import median_ms, save
 
 import jequi
 from jequi.descriptor import layout_positions
-from jequi.models import NequIP, NequIPConfig, data
+from jequi.models import MACEConfig, NequIP, NequIPConfig, data
 from jequi.models.nequip import energy_and_forces
 from jequi.models.train import errors
 
 MODELS = {
     "nequip-oam-l": NequIPConfig(hidden="128x0e+64x1o+32x2e+32x3o", sh_lmax=3, num_layers=4, radial_hidden=64),
     "mace-width": NequIPConfig(hidden="128x0e+128x1o+128x2e", sh_lmax=3, num_layers=2, radial_hidden=64),
+    # MACE-MP-0 medium (89 elements, 128x0e+128x1o, lmax 3, correlation 3, r_max 6 A)
+    "mace-mp-medium": MACEConfig(),
 }
 # Kernel classes of a profile, by the first pattern a GPU kernel's name matches.
 KERNEL_CLASSES = [
@@ -105,6 +108,59 @@ def cuex_conv(tp, x, sh, weights, graph):
     return e3nn.IrrepsArray(tp.irreps_out, z[:n][:, layout_positions(desc.out, "ir_mul")])
 
 
+@functools.lru_cache(maxsize=8)
+def _cuex_symmetric(irreps_in: str, irreps_out: str, correlation: int):
+    import cuequivariance as cue
+    from cuequivariance.group_theory.experimental.mace import symmetric_contraction
+
+    return symmetric_contraction(cue.Irreps("O3", irreps_in), cue.Irreps("O3", irreps_out), range(1, correlation + 1))
+
+
+def _to_ir_mul(irreps, x, inverse=False):
+    """``mul_ir`` columns of `x` to ``ir_mul`` (or back)."""
+    parts, i = [], 0
+    for mul, ir in e3nn.Irreps(str(irreps)):
+        block = x[:, i : i + mul * ir.dim]
+        i += mul * ir.dim
+        shape = (-1, ir.dim, mul) if inverse else (-1, mul, ir.dim)
+        parts.append(jnp.swapaxes(block.reshape(shape), 1, 2).reshape(x.shape[0], -1))
+    return jnp.concatenate(parts, axis=1)
+
+
+def cuex_contraction(sc, x, species, weights):
+    """cuEquivariance's MACE symmetric contraction in the model: ``uniform_1d`` indexed by
+    species, weights through its projection (mace-torch order in, its group's signs: a timing,
+    not the same numbers), operands in ``ir_mul``, as its MACE example calls it."""
+    import cuequivariance_jax as cuex
+
+    e, projection = _cuex_symmetric(str(sc.irreps_in), str(sc.irreps_out), sc.correlation)
+    w = jnp.concatenate(list(weights.values()), axis=1)
+    w = jnp.einsum("sau,ab->sbu", w, jnp.asarray(projection, w.dtype)).reshape(w.shape[0], -1)
+    [y] = cuex.segmented_polynomial(
+        e.polynomial, [w, _to_ir_mul(sc.irreps_in, x)], [jax.ShapeDtypeStruct((x.shape[0], e.outputs[0].dim), x.dtype)],
+        indices=[species, None, None], method="uniform_1d",
+    )  # fmt: skip
+    return _to_ir_mul(sc.irreps_out, y, inverse=True)
+
+
+def cuex_skip(lin, x, species, w):
+    """cuEquivariance's species-indexed linear (``method="indexed_linear"``, rows sorted by
+    species with ``cuex.Repeats``, as its MACE example), its weights `w` reshaped (a timing)."""
+    import cuequivariance as cue
+    import cuequivariance_jax as cuex
+
+    s = lin.num_species
+    e = cue.descriptors.linear(cue.Irreps("O3", str(lin.irreps_in)), cue.Irreps("O3", str(lin.irreps_out))) * (1.0 / s**0.5)
+    order = jnp.argsort(species)
+    counts = jnp.zeros((s,), jnp.int32).at[species].add(1)
+    [y] = cuex.segmented_polynomial(
+        e.polynomial, [w.reshape(s, -1)[:, : e.inputs[0].dim], _to_ir_mul(lin.irreps_in, x)[order]],
+        [jax.ShapeDtypeStruct((x.shape[0], e.outputs[0].dim), x.dtype)],
+        indices=[cuex.Repeats(counts), None, None], method="indexed_linear",
+    )  # fmt: skip
+    return _to_ir_mul(lin.irreps_out, jnp.zeros_like(y).at[order].set(y), inverse=True)
+
+
 def variant(config: NequIPConfig, impl: str) -> NequIPConfig:
     """The model for `impl`; ``<jequi impl>/<k>`` runs its radial conv in `k` edge chunks."""
     if "/" in impl:
@@ -114,10 +170,11 @@ def variant(config: NequIPConfig, impl: str) -> NequIPConfig:
         return config
     if impl.startswith("jequi-"):
         return dataclasses.replace(config, backend=impl[len("jequi-") :])
-    if impl == "e3nn":
-        return dataclasses.replace(config, conv="e3nn")
+    mace = isinstance(config, MACEConfig)
+    if impl == "e3nn":  # MACE: the pure-XLA model (the contraction's XLA reference too)
+        return dataclasses.replace(config, conv="e3nn", **({"contraction_backend": "xla"} if mace else {}))
     if impl == "cuex":
-        return dataclasses.replace(config, conv=cuex_conv)
+        return dataclasses.replace(config, conv=cuex_conv, **({"contraction": cuex_contraction, "skip": cuex_skip} if mace else {}))
     raise ValueError(f"unknown implementation {impl!r}")
 
 
@@ -127,6 +184,8 @@ def init(config):
     graph = jequi.graph_from_atoms(atoms, config.cutoff)
     species = jnp.asarray(config.species_index(atoms.numbers))
     args = species, jnp.asarray(atoms.positions, jnp.float32), graph, jnp.asarray(atoms.cell.array, jnp.float32)
+    if isinstance(config, MACEConfig):
+        return config.init_params(jax.random.key(0))
     return jax.jit(NequIP(dataclasses.replace(config, conv="jequi", backend="xla")).init)(jax.random.key(0), *args)
 
 
@@ -136,10 +195,9 @@ def md_step(config, atoms, params):
     species = jnp.asarray(config.species_index(atoms.numbers))
     cell = jnp.asarray(atoms.cell.array, jnp.float32)
     positions = jnp.asarray(atoms.positions, jnp.float32)
-    model = NequIP(config)
 
     def fn(params, positions, graph):
-        return energy_and_forces(lambda p: model.apply(params, species, p, graph, cell).sum(), positions)
+        return energy_and_forces(lambda p: config.energies(params, species, p, graph, cell).sum(), positions)
 
     return fn, (params, positions, graph), {"atoms": len(atoms), "edges": graph.num_edges}
 
@@ -229,8 +287,14 @@ def main():
     result = {"date": datetime.date.today().isoformat(), "device": dev.device_kind, "jax": jax.__version__,
               "model": a.model, "config": {k: str(v) for k, v in dataclasses.asdict(config).items()},
               "default_backends": {}, "cells": []}  # fmt: skip
-    for layer, irreps_x in enumerate(("128x0e", config.hidden)):
-        tp = jequi.channelwise(irreps_x, str(e3nn.Irreps.spherical_harmonics(config.sh_lmax)), config.hidden)
+    if isinstance(config, MACEConfig):
+        from jequi.models.mace import layers
+
+        tps = [(layer.irreps_in, layer.tp) for layer in layers(config)]
+    else:
+        sh = str(e3nn.Irreps.spherical_harmonics(config.sh_lmax))
+        tps = [(irreps_x, jequi.channelwise(irreps_x, sh, config.hidden)) for irreps_x in ("128x0e", config.hidden)]
+    for layer, (irreps_x, tp) in enumerate(tps):
         result["default_backends"][f"layer {min(layer, 1)} ({irreps_x})"] = jequi.default_backend(tp.descriptor, conv=True)
     out = pathlib.Path(a.out)
 

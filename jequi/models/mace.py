@@ -65,7 +65,9 @@ class MACEConfig:
     ``"pallas"`` or ``"xla"`` for the symmetric contraction (None: Pallas on a GPU).
     ``conv`` / ``contraction``: ``"jequi"`` or, for another library's kernels in the same model
     (``benchmarks/mace_step.py``), ``"e3nn"`` (gather, e3nn-jax's product, ``segment_sum``) or a
-    function ``conv(tp, x, sh, weights, graph)``; ``contraction(sc, x, species, weights)``.
+    function ``conv(tp, x, sh, weights, graph)`` (``IrrepsArray`` x and sh);
+    ``contraction(sc, x, species, weights)``; ``skip(linear, x, species, w)`` (the
+    :class:`jequi.IndexedLinear` and its flat weights).
     """
 
     species: tuple[int, ...] = tuple(range(1, 84)) + tuple(range(89, 95))
@@ -88,6 +90,7 @@ class MACEConfig:
     contraction_backend: str | None = None
     conv: object = "jequi"
     contraction: object = "jequi"
+    skip: object = "jequi"
     edge_chunks: int | None = None
 
     def __post_init__(self):
@@ -264,7 +267,8 @@ def _convolve(config: MACEConfig, tp: TensorProduct, x, sh, radial, hidden_fn, k
         return tp.radial_conv(x, sh, radial, kernel, graph, hidden_fn=hidden_fn, edge_chunks=config.edge_chunks, backend=config.backend)
     weights = hidden_fn(radial) @ kernel
     if callable(config.conv):
-        return config.conv(tp, x, sh, weights, graph)
+        out = config.conv(tp, e3nn.IrrepsArray(tp.irreps_in1, x), e3nn.IrrepsArray(tp.irreps_in2, sh), weights, graph)
+        return out.array if isinstance(out, e3nn.IrrepsArray) else out
     if config.conv == "e3nn":
         from e3nn_jax.legacy import FunctionalTensorProduct
 
@@ -280,6 +284,14 @@ def _contract(config: MACEConfig, sc: SymmetricContraction, x, species, weights)
     if callable(config.contraction):
         return config.contraction(sc, x, species, weights)
     raise ValueError(f"contraction must be 'jequi' or a function, got {config.contraction!r}")
+
+
+def _skip(config: MACEConfig, lin: IndexedLinear, x, species, w):
+    if config.skip == "jequi":
+        return lin(x, species, w)
+    if callable(config.skip):
+        return config.skip(lin, x, species, w)
+    raise ValueError(f"skip must be 'jequi' or a function, got {config.skip!r}")
 
 
 def atomic_energies(p: dict, config: MACEConfig, species, positions, graph: Graph, cell=None, exchange=None):
@@ -306,7 +318,7 @@ def atomic_energies(p: dict, config: MACEConfig, species, positions, graph: Grap
     c = config.activation_scale
     for t, layer in enumerate(layers(config)):
         pre = f"interactions.{t}."
-        sc = layer.skip(h, species, p[pre + "skip_tp.weight"]) if layer.residual else None
+        sc = _skip(config, layer.skip, h, species, p[pre + "skip_tp.weight"]) if layer.residual else None
         x = linear(h, layer.irreps_in, layer.irreps_in, p[pre + "linear_up.weight"])
         if exchange is not None:
             x = exchange(x)
@@ -315,7 +327,7 @@ def atomic_energies(p: dict, config: MACEConfig, species, positions, graph: Grap
         message = _convolve(config, layer.tp, x, sh, radial, _radial_hidden(config, mlp), kernel, graph)
         message = linear(message, layer.tp.irreps_out, layer.contraction.irreps_in, p[pre + "linear.weight"]) / config.avg_num_neighbors
         if not layer.residual:
-            message = layer.skip(message, species, p[pre + "skip_tp.weight"])
+            message = _skip(config, layer.skip, message, species, p[pre + "skip_tp.weight"])
         prefix = f"products.{t}.symmetric_contractions."
         weights = {name: p[prefix + name].astype(dtype) for name in layer.contraction.weight_shapes}
         h = _contract(config, layer.contraction, message, species, weights)
