@@ -101,10 +101,12 @@ def _evaluate(config: NequIPConfig, params, species, positions, cell, senders, r
 
 
 class JequiCalculator(Calculator):
-    """ASE calculator of a jequi NequIP-style potential.
+    """ASE calculator of a jequi potential (NequIP-style, MACE).
 
     ``model``: ``"nequip-emt"`` (shipped, see ``jequi/models/weights/nequip-emt.md``), a saved
-    model's path, or ``(params, config)``. ``backend``: jequi backend of the convolutions (None:
+    model's path, or ``(params, config)`` of any model with the ``config.energies`` interface
+    (:class:`~jequi.models.NequIPConfig`, :class:`~jequi.models.MACEConfig`, e.g. from
+    :func:`~jequi.models.from_mace_torch`). ``backend``: jequi backend of the convolutions (None:
     the fastest available). ``dtype``: ``"float32"`` or ``"float64"`` (needs
     ``jax_enable_x64``). ``growth`` / ``min_atoms`` / ``min_edges``: the size buckets atoms and
     edges are padded to (:func:`bucket`). Properties: ``energy``, ``free_energy`` (the same:

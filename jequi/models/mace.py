@@ -514,7 +514,6 @@ def from_mace_jax(model, **overrides):
             raise ValueError(f"interactions.{t}.conv_tp uses the cue group {group}; jequi's MACE has e3nn-torch's (O3_e3nn) signs")
     layers_ = len(model.interactions)
     s = len(model.atomic_numbers)
-    k = e3nn.Irreps(str(model.hidden_irreps))[0].mul
     mlp, i = [], 0
     while f"interactions/0/conv_tp_weights/layers/{i}/weight" in st:
         mlp.append(st[f"interactions/0/conv_tp_weights/layers/{i}/weight"].shape)
