@@ -138,6 +138,25 @@ def test_kernels_derivatives_match_reference():
     assert_close(third["pallas"], third["xla"], 1e-10, "third order")
 
 
+def test_force_training_gradient_float32():
+    """Force training's second derivative on kernels (the backward in wr, a four-point stencil of
+    backward calls in x) in float32: near float64, as close as the XLA form's float32."""
+    sc, x, s, w, _ = _problem(24)
+
+    def grad(b, dtype):
+        def loss(w, x):
+            gx = jax.grad(lambda x: jnp.sum(jnp.tanh(sc(x, s, w, backend=b))))(x)
+            return jnp.sum(gx**2)
+
+        cast = lambda t: jax.tree.map(lambda a: a.astype(dtype), t)  # noqa: E731
+        return jax.grad(loss, argnums=(0, 1))(cast(w), cast(x))
+
+    exact = grad("xla", jnp.float64)
+    for b in ("pallas", "xla"):
+        for u, v in zip(jax.tree.leaves(grad(b, jnp.float32)), jax.tree.leaves(exact)):
+            assert np.abs(np.asarray(u, np.float64) - v).max() < 1e-5 * np.abs(v).max(), b
+
+
 def test_kernels_vmap_and_batch_dims():
     sc, x, s, w, _ = _problem()
     xb, sb_ = jnp.stack([x, 2 * x]), jnp.stack([s, (s + 1) % 3])
