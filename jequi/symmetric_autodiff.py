@@ -109,6 +109,13 @@ def _second_impl(x, wr, g, t, rows, bs, *, spec: Spec, needs):
     return total
 
 
+def _summed(outs, terms):
+    """The tangents of a multiple-result rule: its `terms` (lists like `outs`) added, or zeros."""
+    if not terms:
+        return [_zero_out(o) for o in outs]
+    return [sum(parts[1:], parts[0]) for parts in zip(*terms)]
+
+
 def _needed(pair, needs):
     return [v for v, need in zip(pair, needs) if need]
 
@@ -178,9 +185,7 @@ def _vjp_jvp(primals, tangents, *, spec: Spec, needs):
         terms.append(_needed([dgx, jnp.zeros_like(wr)], needs))
     if nonzero(tangents[0]):
         terms.append(second_p.bind(x, wr, g, tangents[0], rows, bs, spec=spec, needs=needs))
-    if not terms:
-        return outs, [_zero_out(o) for o in outs]
-    return outs, [sum(parts[1:], parts[0]) for parts in zip(*terms)]
+    return outs, _summed(outs, terms)
 
 
 def _reference_second(spec: Spec, x, wr, g, t, rows, bs, needs):
@@ -205,9 +210,7 @@ def _second_jvp(primals, tangents, *, spec: Spec, needs):
         terms.append(_needed([dh, jnp.zeros_like(wr)], needs))
     if nonzero(tangents[0]):
         terms.append(jax.jvp(lambda a: _reference_second(spec, a, wr, g, t, rows, bs, needs), (x,), (tangents[0],))[1])
-    if not terms:
-        return outs, [_zero_out(o) for o in outs]
-    return outs, [sum(parts[1:], parts[0]) for parts in zip(*terms)]
+    return outs, _summed(outs, terms)
 
 
 def _second_transpose(cts, x, wr, g, t, rows, bs, *, spec: Spec, needs):
@@ -226,25 +229,19 @@ def _second_transpose(cts, x, wr, g, t, rows, bs, *, spec: Spec, needs):
         if b is not None:
             parts += vjp_p.bind(x, b, g, rows, bs, spec=spec, needs=(True, False))
         out[3] = sum(parts[1:], parts[0])
-    cts_full = _needed([jnp.zeros(x.aval.shape if ad.is_undefined_primal(x) else x.shape, cts[0].dtype) if a is None else a,
-                        jnp.zeros(_shape(wr), cts[-1].dtype) if b is None else b], needs)  # fmt: skip
-    for i in (1, 2):
+    for i in (1, 2):  # wr or g: at most one is linear here, the others are values
         if ad.is_undefined_primal((x, wr, g, t)[i]):
-            args = [x, wr, g, t]
-            primal = args[i]
-            args[i] = jnp.zeros(primal.aval.shape, primal.aval.dtype)
+            aval = (x, wr, g, t)[i].aval
+            full = _needed([jnp.zeros(x.shape, aval.dtype) if a is None else a,
+                            jnp.zeros(wr.aval.shape if i == 1 else wr.shape, aval.dtype) if b is None else b], needs)  # fmt: skip
 
-            def f(v, i=i, args=args):
-                vals = list(args)
+            def f(v, i=i):
+                vals = [x, wr, g, t]
                 vals[i] = v
                 return _reference_second(spec, *vals, rows, bs, needs)
 
-            out[i] = jax.vjp(f, args[i])[1](cts_full)[0]
+            out[i] = jax.vjp(f, jnp.zeros(aval.shape, aval.dtype))[1](full)[0]
     return out
-
-
-def _shape(a):
-    return a.aval.shape if ad.is_undefined_primal(a) else a.shape
 
 
 def _jvp_transpose(ct, x, wr, tx, twr, rows, bs, *, spec: Spec):

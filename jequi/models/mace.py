@@ -549,10 +549,9 @@ def from_mace_jax(model, **overrides):
         source = name.replace("conv_tp_weights.layer", "conv_tp_weights.layers.").replace(".", "/")
         if source not in st:
             raise ValueError(f"the mace-jax state has no {source!r} (for {name})")
-        value = st[source].reshape(shape) if st[source].size == math.prod(shape) else None
-        if value is None:
+        if st[source].size != math.prod(shape):
             raise ValueError(f"{source}: {st[source].shape} does not fit {name} {shape}")
-        params[name] = value
+        params[name] = st[source].reshape(shape)
     for t, layer in enumerate(layers(config)):
         block = model.products[t].symmetric_contractions
         evaluate = lambda x3, z, b=block: b(jnp.asarray(x3), jnp.full((x3.shape[0],), z, jnp.int32))  # noqa: E731
