@@ -321,7 +321,7 @@ def main():
         batch_size = max(1, size // 22)  # the EMT structures average about 22 atoms
         for impl in impls:
             run("train", size, impl, lambda c, bs=batch_size: train_step(c, structures, bs, params, a.padding))
-    sizes = [int(s) for s in a.atoms.split(",")]
+    sizes = [int(s) for s in a.atoms.split(",") if s]
     failed = set()
     for size in sizes:
         atoms = alloy(size)
