@@ -22,7 +22,7 @@ from ase.build import fcc111  # noqa: E402
 from ase.cluster import Icosahedron  # noqa: E402
 
 from jequi.graph import Graph  # noqa: E402
-from jequi.models import JequiCalculator, MACEConfig, NequIP, NequIPConfig, ase_nve, data  # noqa: E402
+from jequi.models import JequiCalculator, MACEConfig, NequIP, NequIPConfig, NequixConfig, ase_nve, data  # noqa: E402
 from jequi.models import calculator as single  # noqa: E402
 from jequi.models import distributed as dist  # noqa: E402
 from jequi.models.decomposition import SCHEMES, Decomposition  # noqa: E402
@@ -77,6 +77,9 @@ def model_params():
 # and contraction on each device's own atoms)
 MACE_CONFIG = MACEConfig(species=(29, 79), cutoff=4.5, hidden="4x0e+4x1o", radial_mlp=(8,), avg_num_neighbors=20.0,
                          atomic_energies=(-3.0, -4.0), backend="xla", contraction_backend="xla")  # fmt: skip
+# a small Nequix: layer norm and per-species skips (index_weights) both on
+NEQUIX_CONFIG = NequixConfig(species=(29, 79), cutoff=4.5, hidden="4x0e+2x1o+2x2e", sh_lmax=2, num_layers=2, radial_mlp_size=8,
+                             index_weights=True, avg_num_neighbors=20.0, shift=0.1, scale=1.3, backend="xla")  # fmt: skip
 
 
 def reference(params, atoms, config=CONFIG):
@@ -137,6 +140,19 @@ def check_mace():
         dec = Decomposition(4, scheme, None, min_atoms=ATOMS_PAD, min_edges=EDGES_PAD)
         shards = dist.split_atoms(atoms, MACE_CONFIG, dec)
         out[scheme] = deviations(dist.evaluate(params, MACE_CONFIG, shards, dist.device_mesh(4), jnp.float64), ref)
+    return out
+
+
+def check_nequix():
+    """Nequix split over 4 devices, both schemes, against one device (periodic Cu3Au)."""
+    params = jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), NEQUIX_CONFIG.init_params(jax.random.key(4)))
+    atoms = periodic()
+    ref = reference(params, atoms, NEQUIX_CONFIG)
+    out = {}
+    for scheme in SCHEMES:
+        dec = Decomposition(4, scheme, None, min_atoms=ATOMS_PAD, min_edges=EDGES_PAD)
+        shards = dist.split_atoms(atoms, NEQUIX_CONFIG, dec)
+        out[scheme] = deviations(dist.evaluate(params, NEQUIX_CONFIG, shards, dist.device_mesh(4), jnp.float64), ref)
     return out
 
 
@@ -239,7 +255,7 @@ def check_chunked_conv():
 
 
 CHECKS = {"structures": lambda: check_structures(model_params()), "calculator": check_calculator_and_main, "training": check_training,
-          "chunked_conv": check_chunked_conv, "mace": check_mace}  # fmt: skip
+          "chunked_conv": check_chunked_conv, "mace": check_mace, "nequix": check_nequix}  # fmt: skip
 
 
 def main(path, names):

@@ -60,6 +60,11 @@ def multidevice_failures(r: dict) -> list[str]:
         for what in ("energy", "energies", "forces", "virial"):
             check(c[what] < F64, f"MACE {scheme}: {what} deviates by {c[what]:.2e} from one device")
         check(c["max_force"] > 1e-3, f"MACE {scheme}: no forces to compare")
+    for scheme in ("exchange", "halo"):
+        c = r["nequix"][scheme]
+        for what in ("energy", "energies", "forces", "virial"):
+            check(c[what] < F64, f"Nequix {scheme}: {what} deviates by {c[what]:.2e} from one device")
+        check(c["max_force"] > 1e-3, f"Nequix {scheme}: no forces to compare")
     m = r["calculator"]["main"]
     check(m["split_line"] and m["energy"] <= 1e-4 and m["forces"] <= 1e-4, f"python -m jequi --devices 2 (4 decimals): {m}")
     return bad

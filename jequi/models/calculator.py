@@ -60,27 +60,23 @@ def bucket(n: int, minimum: int = 16, growth: float = 1.25) -> int:
 
 
 def load_model(model):
-    """``(params, config)`` of `model`: a shipped name (``"nequip-emt"``), a directory holding
-    ``<name>.msgpack`` and ``<name>.json`` (``"path/to/dir"`` or ``"path/to/dir/name"``), or a
-    ``(params, config)`` pair."""
+    """``(params, config)`` of `model`:
+
+    - a shipped name: ``"nequip-emt"`` (jequi's EMT-trained NequIP), or ``"nequix-mp-1"`` /
+      ``"nequix-oam-1"`` (the Nequix foundation models, ``jequi/models/weights/*.md``);
+    - a Nequix checkpoint's path (``*.nqx``, :func:`jequi.models.nequix.read_nqx`);
+    - a directory holding ``<name>.msgpack`` and ``<name>.json`` (``"path/to/dir"`` or
+      ``"path/to/dir/name"``);
+    - a ``(params, config)`` pair of any model with the ``config.energies`` interface.
+    """
     from . import pretrained
 
     if isinstance(model, tuple) and len(model) == 2 and hasattr(model[1], "energies"):
         return model
     if isinstance(model, (str, pathlib.Path)):
-        path = pathlib.Path(model)
-        if (pretrained.WEIGHTS / f"{model}.json").exists():
-            params, config, _ = pretrained.load(pretrained.WEIGHTS, str(model))
-            return params, config
-        if path.is_dir() and (path / f"{pretrained.NAME}.json").exists():
-            params, config, _ = pretrained.load(path, pretrained.NAME)
-            return params, config
-        if path.with_suffix(".json").exists():
-            params, config, _ = pretrained.load(path.parent, path.name)
-            return params, config
-        shipped = sorted(p.stem for p in pretrained.WEIGHTS.glob("*.json"))
-        raise ValueError(f"unknown model {model!r}: not a shipped model {shipped} nor a saved model's path")
-    raise TypeError(f"model must be a shipped name, a path or a (params, config) pair (NequIPConfig, MACEConfig), got {type(model).__name__}")
+        return pretrained.load_any(model)
+    raise TypeError(f"model must be a shipped name, a path or a (params, config) pair (NequIPConfig, MACEConfig, NequixConfig), "
+                    f"got {type(model).__name__}")  # fmt: skip
 
 
 def _evaluate(config: NequIPConfig, params, species, positions, cell, senders, receivers, shifts, node_mask):
@@ -100,6 +96,21 @@ def _evaluate(config: NequIPConfig, params, species, positions, cell, senders, r
     return total, per_atom, -grad, virial
 
 
+def _hessian(config, params, species, positions, cell, senders, receivers, shifts, node_mask):
+    """``(n, n, 3, 3)`` second derivatives of the energy in the positions of one padded
+    structure: forward mode over the forces (``jax.linearize`` of the gradient, then one
+    Hessian-vector product per Cartesian coordinate), as Nequix's ``hessian_linearized``."""
+    graph = Graph.build(senders, receivers, positions.shape[0], shifts=shifts)
+
+    def energy(positions):
+        return jnp.where(node_mask, config.energies(params, species, positions, graph, cell), 0.0).sum()
+
+    _, hvp = jax.linearize(jax.grad(energy), positions)
+    n = positions.shape[0]
+    basis = jnp.eye(3 * n, dtype=positions.dtype).reshape(3 * n, n, 3)
+    return jax.lax.map(hvp, basis).reshape(n, 3, n, 3).swapaxes(1, 2)
+
+
 class JequiCalculator(Calculator):
     """ASE calculator of a jequi potential (NequIP-style, MACE).
 
@@ -110,7 +121,8 @@ class JequiCalculator(Calculator):
     the fastest available). ``dtype``: ``"float32"`` or ``"float64"`` (needs
     ``jax_enable_x64``). ``growth`` / ``min_atoms`` / ``min_edges``: the size buckets atoms and
     edges are padded to (:func:`bucket`). Properties: ``energy``, ``free_energy`` (the same:
-    no electronic entropy), ``energies`` (per atom), ``forces``, ``stress`` (periodic cells).
+    no electronic entropy), ``energies`` (per atom), ``forces``, ``stress`` (periodic cells);
+    :meth:`get_hessian` for phonons.
     """
 
     implemented_properties = ["energy", "free_energy", "energies", "forces", "stress"]
@@ -123,6 +135,7 @@ class JequiCalculator(Calculator):
         self.growth, self.min_atoms, self.min_edges = growth, min_atoms, min_edges
         # one jitted function per calculator: its cache holds one entry per (atom, edge) bucket
         self.compiled = jax.jit(functools.partial(_evaluate, config))
+        self._hessian = None  # compiled on the first get_hessian
 
     @property
     def compilations(self) -> int:
@@ -148,6 +161,19 @@ class JequiCalculator(Calculator):
             jnp.asarray(species), jnp.asarray(positions, dt), jnp.asarray(atoms.cell.array, dt),
             jnp.asarray(senders), jnp.asarray(receivers), jnp.asarray(shifts, dt), jnp.asarray(np.arange(n_pad) < n),
         )  # fmt: skip
+
+    def get_hessian(self, atoms=None) -> np.ndarray:
+        """The Hessian ``d2E / dx_i dx_j`` of `atoms` (default: the last structure), shape
+        ``(n, n, 3, 3)`` in eV/Å^2, for phonons (:func:`_hessian`: forward mode over the forces,
+        one jitted call; the padding atoms' rows are computed and dropped)."""
+        if atoms is None:
+            if self.atoms is None:
+                raise ValueError("get_hessian needs atoms: none given and none calculated yet")
+            atoms = self.atoms
+        if self._hessian is None:
+            self._hessian = jax.jit(functools.partial(_hessian, self.config))
+        n = len(atoms)
+        return np.asarray(self._hessian(self.params, *self.padded_inputs(atoms))[:n, :n], np.float64)
 
     def calculate(self, atoms=None, properties=("energy",), system_changes=all_changes):
         super().calculate(atoms, properties, system_changes)

@@ -1,4 +1,7 @@
-"""The NequIP-style model shipped with jequi, trained on EMT-labelled metal structures.
+"""The models shipped with jequi: loading them by name (:func:`load_any`), and rebuilding the
+NequIP-style model trained on EMT-labelled metal structures. The Nequix foundation models
+ship as their authors released them (``weights/nequix-*.nqx``, read by
+:mod:`jequi.models.nequix`; cards ``weights/nequix-*.md``).
 
 ``python -m jequi.models.pretrained`` rebuilds it (``benchmarks/train_shipped_model.sh`` runs
 it on a GPU, where it takes about five minutes): it generates the data with
@@ -41,6 +44,80 @@ def load(directory=WEIGHTS, name: str = NAME):
     config = NequIPConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
     params = flax.serialization.msgpack_restore((directory / f"{name}.msgpack").read_bytes())
     return jax.tree.map(jnp.asarray, params), config, meta
+
+
+# The Nequix foundation models shipped as released (MIT licence: weights/LICENSE-nequix). Their
+# cards (weights/<name>.md) are written from these entries by foundation_card (a test checks).
+NEQUIX_REPO = "https://github.com/atomicarchitects/nequix"
+FOUNDATION = {
+    "nequix-mp-1": {
+        "commit": "0ffdf881603d2c97f9105c64c3ec2df74dc1c224",
+        "sha256": "1647af8e627e1afa11e2bfadeab0797326513a521afd7dd01606a96f56783eee",
+        "data": "MPtrj (the Materials Project's relaxation trajectories, 1.58 M structures of 146 k materials)",
+        "theory": "DFT, PBE and PBE+U (the Materials Project's settings)",
+        "reference": "T. Koker, K. Kotak, T. Smidt, Nequix, arXiv:2508.16067 (2025)",
+    },
+    "nequix-oam-1": {
+        "commit": "0ffdf881603d2c97f9105c64c3ec2df74dc1c224",
+        "sha256": "6a43475eaeb32a7a049f36c1306d78aa1e7a17e8af37aeda7901c8fec0ca845c",
+        "data": "OMat24 (pre-training: nequix-omat-1), then fine-tuned on sAlex and MPtrj (8 copies of MPtrj to one of sAlex)",
+        "theory": "DFT, PBE and PBE+U (OMat24's VASP settings, compatible with the Materials Project's)",
+        "reference": "T. Koker et al., Phonon fine-tuning (PFT), arXiv:2601.07742 (2026); the Nequix architecture: arXiv:2508.16067",
+    },
+}
+
+
+def foundation_card(name: str) -> str:
+    """The model card (markdown) of a shipped Nequix model."""
+    from .nequix import read_nqx
+
+    f = FOUNDATION[name]
+    params, config, meta = read_nqx(WEIGHTS / f"{name}.nqx")
+    count = sum(int(a.size) for a in params["params"].values())
+    return "\n".join([
+        f"# {name}: a Nequix foundation potential", "",
+        f"Weights: `{name}.nqx`, Nequix's own checkpoint file as released, unchanged (sha256 `{f['sha256']}`), "
+        f"{count} float32 parameters. Licence: MIT, `LICENSE-nequix` (Copyright (c) 2025 Teddy Koker).", "",
+        f"Source: {NEQUIX_REPO}, `models/{name}.nqx` at commit `{f['commit']}`.", "",
+        "Use: `jequi.models.JequiCalculator(\"" + name + "\")`, `python -m jequi --model " + name + "`; "
+        "`jequi.models.nequix.read_nqx` reads the file.", "",
+        "## Model", "",
+        f"Nequix (`jequi.models.nequix`): {config.num_layers} layers, hidden irreps `{config.hidden}`, spherical "
+        f"harmonics to l = {config.sh_lmax}, {config.num_basis} Bessel radial functions, a {config.radial_mlp_layers}-layer "
+        f"{config.radial_mlp_size}-wide radial MLP, RMS layer norm, cutoff {config.cutoff} Å, "
+        f"{len(config.species)} elements (Z = 1-83, 89-94).", "",
+        "## Data and level of theory", "",
+        f"Training data: {f['data']}. Labels: {f['theory']}.", "",
+        "## Reference", "",
+        f"{f['reference']}.", "",
+        "## Checked", "",
+        "Energies, forces, stress and the Hessian equal Nequix's own code (the `nequix` package on the same file) "
+        "to 1e-10 relative in float64 and to 1e-5 in float32 (`tests/test_nequix.py`).", "",
+    ])  # fmt: skip
+
+
+def shipped() -> list[str]:
+    """The names of the models in :data:`WEIGHTS`."""
+    return sorted({p.stem for p in WEIGHTS.glob("*.json")} | {p.stem for p in WEIGHTS.glob("*.nqx")})
+
+
+def load_any(model) -> tuple:
+    """``(params, config)`` of a shipped name, a ``.nqx`` path, or a saved jequi model's path
+    (:func:`jequi.models.calculator.load_model` lists them)."""
+    from .nequix import read_nqx
+
+    path = pathlib.Path(model)
+    if (WEIGHTS / f"{model}.nqx").is_file():
+        return read_nqx(WEIGHTS / f"{model}.nqx")[:2]
+    if (WEIGHTS / f"{model}.json").is_file():
+        return load(WEIGHTS, str(model))[:2]
+    if path.suffix == ".nqx" and path.is_file():
+        return read_nqx(path)[:2]
+    if path.is_dir() and (path / f"{NAME}.json").exists():
+        return load(path, NAME)[:2]
+    if path.with_suffix(".json").exists():
+        return load(path.parent, path.name)[:2]
+    raise ValueError(f"unknown model {str(model)!r}: not a shipped model {shipped()}, a .nqx file nor a saved model's path")
 
 
 def card(config: NequIPConfig, info: dict) -> str:
