@@ -1,33 +1,40 @@
-"""``python -m jequi``: a trained NequIP-style potential on a real structure.
+"""``python -m jequi``: a foundation potential on a real material.
 
-Loads the small model shipped with jequi (trained on EMT-labelled metal structures, see
-:mod:`jequi.models.pretrained`), builds the periodic radius graph of a structure (default:
-a thermally rattled Cu3Au L1_2 alloy, 32 atoms; or ``--structure FILE``, any ase-readable
-file) and prints its energy and forces, the backend used, timings, and, where ase's EMT
-calculator knows the elements, the reference energy and forces. Then it runs a short
-molecular dynamics (``--md STEPS``, default 100; 0: none): velocity Verlet at constant energy
-from 300 K through ase with :class:`jequi.models.JequiCalculator`, printing steps per second
-and the energy drift. ``--train`` first trains a fresh model for a short while (progress bar)
-and reports its validation errors. ``--devices N`` splits the structure over N devices
-(:mod:`jequi.models.distributed`; on a CPU, N host devices) and prints the same energy and
-forces as one device.
+Loads a model (``--model``: a shipped name or a checkpoint's path; default the Nequix
+foundation model ``nequix-oam-1``, trained on OMat24, sAlex and MPtrj DFT data, see
+``jequi/models/weights/nequix-oam-1.md``) and prints its provenance. It builds the periodic
+radius graph of a structure (default: rocksalt MgO, 2x2x2 conventional cells, 64 atoms,
+thermally rattled; ``--structure FILE`` for any ase-readable file) and prints its energy,
+forces and stress, the backend used and timings. Then it runs a short molecular dynamics
+(``--md STEPS``, default 20; 0: none): velocity Verlet at constant energy from 300 K through
+ase with :class:`jequi.models.JequiCalculator`, printing steps per second and the energy
+drift.
+
+``--model nequip-emt`` runs the small NequIP-style model trained on EMT labels, on a Cu3Au
+alloy, with ase's EMT as the reference. ``--train`` first trains such a model for a short
+while (progress bar) and reports its validation errors. ``--devices N`` splits the structure
+over N devices (:mod:`jequi.models.distributed`; on a CPU, N host devices) and prints the
+same energy and forces as one device.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 
 import jax
 import numpy as np
+from ase import units
 
 import jequi
-from jequi.models import JequiCalculator, NequIPConfig, ase_nve, data, pretrained
+from jequi.models import JequiCalculator, NequIPConfig, NequixConfig, ase_nve, data, pretrained
+from jequi.models.calculator import load_model
 from jequi.models.decomposition import SCHEMES
 
 
 def default_structure():
-    """Cu3Au (L1_2, a = 3.75 Å), 2x2x2 cubic cells, rattled by 0.08 Å."""
+    """Cu3Au (L1_2, a = 3.75 Å), 2x2x2 cubic cells, rattled by 0.08 Å: the EMT model's structure."""
     from ase.build import bulk
 
     atoms = bulk("Cu", "fcc", a=3.75, cubic=True)
@@ -35,6 +42,42 @@ def default_structure():
     atoms = atoms.repeat((2, 2, 2))
     atoms.rattle(0.08, seed=42)
     return atoms
+
+
+def foundation_structure():
+    """Rocksalt MgO (a = 4.21 Å, the measured lattice constant), 2x2x2 conventional cells
+    (64 atoms), rattled by 0.05 Å."""
+    from ase.build import bulk
+
+    atoms = bulk("MgO", "rocksalt", a=4.21, cubic=True).repeat((2, 2, 2))
+    atoms.rattle(0.05, seed=42)
+    return atoms
+
+
+def describe(name, params, config, info) -> list[str]:
+    """What the job prints about the model: its architecture, size and provenance."""
+    count = sum(x.size for x in jax.tree.leaves(params))
+    if isinstance(config, NequixConfig):
+        lines = [f"model: {name}: Nequix, {config.num_layers} layers, hidden {config.hidden}, cutoff {config.cutoff} A, "
+                 f"{len(config.species)} elements, {count} parameters"]  # fmt: skip
+        f = pretrained.FOUNDATION.get(str(name))
+        if f:
+            lines += [f"  trained on {f['data']}", f"  labels: {f['theory']}", f"  reference: {f['reference']}",
+                      f"  weights: {pretrained.NEQUIX_REPO} at {f['commit'][:10]} (MIT licence); card: "
+                      f"{pretrained.WEIGHTS / f'{name}.md'}"]  # fmt: skip
+        return lines
+    line = (f"model: {name}: NequIP-style, {config.num_layers} layers, hidden {config.hidden}, cutoff {config.cutoff} A, "
+            f"{count} parameters")  # fmt: skip
+    if "val_energy_mae_eV_per_atom" in info:
+        line += (f"; held-out errors {1e3 * info['val_energy_mae_eV_per_atom']:.1f} meV/atom, "
+                 f"{1e3 * info['val_force_mae_eV_per_A']:.0f} meV/A")  # fmt: skip
+    if "large_force_mae_eV_per_A" in info:
+        line += (f" (larger cells: {1e3 * info['large_energy_mae_eV_per_atom']:.1f} meV/atom, "
+                 f"{1e3 * info['large_force_mae_eV_per_A']:.0f} meV/A)")  # fmt: skip
+    lines = [line]
+    if name == pretrained.NAME:
+        lines.append(f"  trained on EMT labels (a toy potential for tests and demos); card: {pretrained.WEIGHTS / f'{pretrained.NAME}.md'}")
+    return lines
 
 
 def emt_reference(atoms):
@@ -48,7 +91,7 @@ def emt_reference(atoms):
         return None
 
 
-def timed(fn, *args, repeat=10):
+def timed(fn, *args, repeat=3):
     t0 = time.perf_counter()
     out = jax.block_until_ready(fn(*args))
     first = time.perf_counter() - t0
@@ -64,11 +107,13 @@ def main(argv=None, *, train_config: NequIPConfig | None = None):
     """The command line's job; `train_config`: the model ``--train`` trains (default: NequIPConfig()),
     a hook for tests, which check the job's steps rather than the model's quality."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--structure", help="an ase-readable file (default: the embedded Cu3Au alloy)")
+    ap.add_argument("--model", default="nequix-oam-1", metavar="NAME_OR_PATH",
+                    help=f"a shipped model ({', '.join(pretrained.shipped())}) or a checkpoint's path (.nqx); default nequix-oam-1")
+    ap.add_argument("--structure", help="an ase-readable file (default: rattled MgO; Cu3Au for the EMT model)")
     ap.add_argument("--train", action="store_true", help="train a fresh model briefly first, and use it")
     ap.add_argument("--steps", type=int, default=150, help="--train: optimisation steps")
     ap.add_argument("--backend", default=None, help="jequi backend (default: the fastest available)")
-    ap.add_argument("--md", type=int, default=100, metavar="STEPS", help="molecular-dynamics steps after the single point (0: none)")
+    ap.add_argument("--md", type=int, default=20, metavar="STEPS", help="molecular-dynamics steps after the single point (0: none)")
     ap.add_argument("--md-timestep", type=float, default=1.0, metavar="FS", help="MD time step, fs")
     ap.add_argument("--temperature", type=float, default=300.0, help="MD starting temperature, K")
     ap.add_argument("--devices", type=int, default=1, metavar="N", help="split the structure (and --train's batches) over N devices (default 1)")
@@ -82,11 +127,11 @@ def main(argv=None, *, train_config: NequIPConfig | None = None):
         except RuntimeError:  # JAX already started (main called from a program): the devices it has are checked below
             pass
 
-    params, config, info = pretrained.load()
+    name = a.model
     if a.train:
         from jequi.models.train import train
 
-        config = train_config or NequIPConfig()  # a small model: a brief training on a CPU, not the shipped width
+        name, config = "fresh NequIP", train_config or NequIPConfig()  # a small model: a brief training on a CPU
         train_set, val_set = data.emt_dataset(96, seed=11), data.emt_dataset(16, seed=12)
         print(f"training a fresh model on {len(train_set)} EMT structures ({a.steps} steps)")
         params, history = train(config, train_set, val_set, steps=a.steps, eval_every=max(1, a.steps // 3), energy_weight=30.0,
@@ -94,15 +139,22 @@ def main(argv=None, *, train_config: NequIPConfig | None = None):
         print(f"trained in {history.seconds:.1f} s: validation energy MAE {1e3 * history.val_energy_mae[-1]:.1f} meV/atom, "
               f"force MAE {1e3 * history.val_force_mae[-1]:.0f} meV/A (loss {history.loss[0]:.3f} -> {history.loss[-1]:.3f})\n")
         info = {"val_energy_mae_eV_per_atom": history.val_energy_mae[-1], "val_force_mae_eV_per_A": history.val_force_mae[-1]}
+    elif name == pretrained.NAME:
+        params, config, info = pretrained.load()
+    else:
+        (params, config), info = load_model(name), {}
+    emt = isinstance(config, NequIPConfig)  # the EMT-trained models: Cu3Au by default, EMT as the reference
     if a.structure:
         import ase.io
 
         atoms, source = ase.io.read(a.structure), a.structure
-    else:
+    elif emt:
         atoms, source = default_structure(), "embedded Cu3Au L1_2, 2x2x2 cells, rattled 0.08 A"
+    else:
+        atoms, source = foundation_structure(), "rocksalt MgO, 2x2x2 conventional cells (a = 4.21 A), rattled 0.05 A"
 
     backend = a.backend or jequi.default_backend()
-    config = NequIPConfig(**{**config.__dict__, "backend": backend})
+    config = dataclasses.replace(config, backend=backend)
     # the single point and the MD share the calculator's compilation
     if a.devices > 1:
         from jequi.models.distributed import ShardedCalculator, device_arrays, split_atoms
@@ -114,26 +166,20 @@ def main(argv=None, *, train_config: NequIPConfig | None = None):
         inputs = (shards.layout, calc.params, *device_arrays(shards, calc.mesh, calc.dtype))
 
         def energy_forces(*inputs):
-            total, _, forces, _ = calc.compiled(*inputs)
-            return total, forces
+            total, _, forces, virial = calc.compiled(*inputs)
+            return total, forces, virial
     else:
         calc = JequiCalculator((params, config))
         inputs = calc.padded_inputs(atoms)
 
         def energy_forces(*inputs):
-            total, _, forces, _ = calc.compiled(calc.params, *inputs)
-            return total, forces[: len(atoms)]
+            total, _, forces, virial = calc.compiled(calc.params, *inputs)
+            return total, forces[: len(atoms)], virial
 
-    (energy, forces), first_s, call_s = timed(energy_forces, *inputs)
+    (energy, forces, virial), first_s, call_s = timed(energy_forces, *inputs)
     forces = shards.gather(forces) if a.devices > 1 else np.asarray(forces)
     print(f"structure: {source}: {atoms.get_chemical_formula()}, {len(atoms)} atoms, pbc={atoms.pbc.tolist()}")
-    print(f"model: NequIP-style, {config.num_layers} layers, hidden {config.hidden}, cutoff {config.cutoff} A, "
-          f"{sum(x.size for x in jax.tree.leaves(params))} parameters; held-out errors "
-          f"{1e3 * info['val_energy_mae_eV_per_atom']:.1f} meV/atom, {1e3 * info['val_force_mae_eV_per_A']:.0f} meV/A"
-          + (f" (larger cells: {1e3 * info['large_energy_mae_eV_per_atom']:.1f} meV/atom, "
-             f"{1e3 * info['large_force_mae_eV_per_A']:.0f} meV/A)" if "large_force_mae_eV_per_A" in info else ""))
-    if not a.train and (pretrained.WEIGHTS / f"{pretrained.NAME}.md").exists():
-        print(f"model card: {pretrained.WEIGHTS / f'{pretrained.NAME}.md'}")
+    print("\n".join(describe(name, params, config, info)))
     if a.devices > 1:
         lay, c = shards.layout, shards.counts
         print(f"graph: {c['edges'].sum()} edges split over {a.devices} {jax.default_backend()} devices by the {a.scheme!r} scheme, "
@@ -147,7 +193,10 @@ def main(argv=None, *, train_config: NequIPConfig | None = None):
     for i in range(min(5, len(atoms))):
         print(f"  {i:3d} {atoms.get_chemical_symbols()[i]:>2s} " + " ".join(f"{v:+.4f}" for v in forces[i]))
     print(f"max |F| {np.linalg.norm(forces, axis=1).max():.4f} eV/A; sum of forces {np.abs(forces.sum(0)).max():.1e}")
-    ref = emt_reference(atoms)
+    if np.all(atoms.pbc):
+        stress = np.asarray(virial, np.float64) / atoms.get_volume() / units.GPa
+        print("stress (GPa, xx yy zz yz xz xy): " + " ".join(f"{v:+.3f}" for v in stress.flat[[0, 4, 8, 5, 2, 1]]))
+    ref = emt_reference(atoms) if emt else None
     if ref is not None:
         print(f"EMT reference: energy {ref[0]:.4f} eV; force MAE of the model vs EMT {1e3 * np.abs(forces - ref[1]).mean():.0f} meV/A "
               f"(EMT forces mean |F_i| {1e3 * np.abs(ref[1]).mean():.0f} meV/A)")

@@ -200,7 +200,7 @@ def check_calculator_md(atoms):
 
 
 def check_main(reference):
-    """``python -m jequi --devices 2`` on its default structure: the energy and the forces it
+    """``python -m jequi --model nequip-emt --devices 2`` on its default structure: the energy and the forces it
     prints (4 decimals) against the single-device calculator's (`reference`)."""
     import contextlib
     import io
@@ -209,7 +209,7 @@ def check_main(reference):
 
     buffer = io.StringIO()
     with contextlib.redirect_stdout(buffer):
-        main(["--devices", "2", "--md", "0"])
+        main(["--model", "nequip-emt", "--devices", "2", "--md", "0"])
     text = buffer.getvalue()
     energy = float(text.split("\nenergy: ")[1].split()[0])
     lines = text.split("forces (eV/A), first atoms:\n")[1].splitlines()[:5]

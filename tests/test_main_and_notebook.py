@@ -12,8 +12,23 @@ from jequi.models import NequIPConfig
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
+def test_main_job_runs_the_foundation_model_on_mgo(capsys):
+    """The default job: nequix-oam-1 and its provenance, energy, forces and stress of rattled MgO
+    (a real compound, near its equilibrium: a few GPa, about -5.9 eV/atom), a short MD."""
+    main_job.main(["--md", "3"])
+    out = capsys.readouterr().out
+    for text in ("model: nequix-oam-1: Nequix", "trained on OMat24", "labels: DFT", "arXiv", "MIT licence", "Mg32O32, 64 atoms",
+                 "stress (GPa", "timing:", "MD: 3 steps", "energy drift"):  # fmt: skip
+        assert text in out, out
+    per_atom = float(out.split("eV (")[1].split()[0])
+    assert -6.5 < per_atom < -5.5, out
+    stress = [float(v) for v in out.split("stress (GPa, xx yy zz yz xz xy): ")[1].split()[:6]]
+    assert max(abs(v) for v in stress) < 20.0, out
+    assert "EMT reference" not in out
+
+
 def test_main_job_prints_energy_forces_timing_and_md(capsys):
-    main_job.main(["--md", "8"])
+    main_job.main(["--model", "nequip-emt", "--md", "8"])
     out = capsys.readouterr().out
     for text in ("energy:", "forces (eV/A)", "EMT reference", "timing:", "jequi backend", "MD: 8 steps", "steps/s", "energy drift"):
         assert text in out, out
@@ -43,7 +58,7 @@ def test_unknown_elements_are_reported(tmp_path):
     path = tmp_path / "water.xyz"
     ase.io.write(path, molecule("H2O"))
     with pytest.raises(ValueError, match="not in the model's species"):
-        main_job.main(["--structure", str(path)])
+        main_job.main(["--model", "nequip-emt", "--structure", str(path)])
 
 
 @pytest.mark.slow  # a kernel process of its own that trains a model: started first under pytest-xdist
