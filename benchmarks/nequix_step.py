@@ -161,7 +161,11 @@ def main():
             models[impl] = load_model(str(path), kernel=impl == "nequix-oeq")[0]
     dev = jax.devices()[0]
     result = {"date": datetime.date.today().isoformat(), "device": dev.device_kind, "model": a.model,
-              "versions": versions("jequi", "nequix", "e3nn-jax", "openequivariance"), "cells": []}  # fmt: skip
+              "versions": versions("nequix", "e3nn-jax", "openequivariance"), "cells": []}  # fmt: skip
+    if result["versions"]["openequivariance"] is None and "nequix-oeq" in impls:  # run from its source tree: no metadata
+        import openequivariance
+
+        result["versions"]["openequivariance"] = getattr(openequivariance, "__version__", "unknown")
     # Nequix's package sets "highest" matmul precision when imported (no TF32); every impl here runs under it.
     jax.config.update("jax_default_matmul_precision", "highest")
     for workload, sizes in (("efs", a.atoms), ("train", a.train_atoms)):
