@@ -36,14 +36,42 @@ CACHE_DIR = pathlib.Path(
 NVCC_FLAGS = ("-cubin", "-O3", "-std=c++17", "-lineinfo", "-Xptxas", "-v")
 
 
+# Where the CUDA compiler wheels put nvcc, under each folder of the ``nvidia`` namespace
+# package: ``pip install "jax[cuda13]"`` brings nvidia-cuda-nvcc (cu13: the whole toolkit
+# in one tree), the CUDA 12 wheels a tree per component.
+WHEEL_NVCC = ("cu13/bin/nvcc", "cu12/bin/nvcc", "cuda_nvcc/bin/nvcc")
+
+
+def wheel_nvcc() -> str | None:
+    """nvcc from the pip wheels (:data:`WHEEL_NVCC`), or None."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("nvidia")
+    for root in list(spec.submodule_search_locations or []) if spec else []:
+        for rel in WHEEL_NVCC:
+            path = pathlib.Path(root) / rel
+            if path.is_file() and os.access(path, os.X_OK):
+                return str(path)
+    return None
+
+
+def nvcc_includes(compiler: str) -> list[str]:
+    """Extra ``-I`` flags for a wheel's nvcc: the CUDA 12 wheels keep ``cuda_runtime.h``
+    (which nvcc includes into every source) in a sibling tree, ``nvidia/cuda_runtime``."""
+    runtime = pathlib.Path(compiler).resolve().parents[2] / "cuda_runtime" / "include"
+    return [f"-I{runtime}"] if pathlib.Path(compiler).parent.parent.name == "cuda_nvcc" and runtime.is_dir() else []
+
+
 def nvcc() -> str | None:
-    """The CUDA compiler: ``nvcc`` on PATH or under ``$CUDA_HOME``."""
+    """The CUDA compiler: ``nvcc`` on PATH, under ``$CUDA_HOME`` / ``$CUDA_PATH`` /
+    ``/usr/local/cuda``, or from the ``nvidia-cuda-nvcc`` wheel (:func:`wheel_nvcc`): a
+    pip-only install has no system toolkit."""
     found = shutil.which("nvcc")
     if found:
         return found
     home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
     path = pathlib.Path(home) / "bin" / "nvcc"
-    return str(path) if path.exists() else None
+    return str(path) if path.exists() else wheel_nvcc()
 
 
 def cxx() -> str | None:
@@ -55,7 +83,7 @@ def cxx() -> str | None:
 def toolchain_missing() -> str | None:
     """Why kernels cannot be built here, or None (looked up once per process)."""
     if nvcc() is None:
-        return "nvcc was not found (PATH, $CUDA_HOME)"
+        return "nvcc was not found (PATH, $CUDA_HOME, /usr/local/cuda, the nvidia-cuda-nvcc wheel)"
     if cxx() is None:
         return "no C++ compiler was found ($CXX, c++, g++)"
     if not (pathlib.Path(jax.ffi.include_dir()) / "xla" / "ffi" / "api" / "ffi.h").exists():
@@ -107,7 +135,7 @@ def cubin(source: str, arch: str | None = None) -> pathlib.Path:
     def make(out: pathlib.Path):
         src = out.with_suffix(".cu")
         src.write_text(source)
-        _run([compiler, *NVCC_FLAGS, f"-arch={arch}", str(src), "-o", str(out)], "nvcc", out.with_suffix(".log"))
+        _run([compiler, *NVCC_FLAGS, *nvcc_includes(compiler), f"-arch={arch}", str(src), "-o", str(out)], "nvcc", out.with_suffix(".log"))
 
     return _cached((source, arch, version, NVCC_FLAGS), f"-{arch}.cubin", make)
 

@@ -30,8 +30,23 @@ FUSED_SPILL_BYTES = 1024
 
 
 def available() -> bool:
-    """Whether the kernels can run here: a CUDA GPU as JAX's default device and a toolchain."""
-    return jax.default_backend() == "gpu" and build.toolchain_missing() is None
+    """Whether the kernels can run here: a CUDA GPU as JAX's default device and a toolchain.
+    On a GPU without the toolchain it warns once, naming the reason: the products the CUDA
+    kernels would run then go to Pallas, and that should not happen unsaid."""
+    if jax.default_backend() != "gpu":
+        return False
+    missing = build.toolchain_missing()
+    if missing is not None:
+        _warn_unbuildable(missing)
+    return missing is None
+
+
+@functools.cache
+def _warn_unbuildable(reason: str) -> None:
+    import warnings
+
+    warnings.warn(f"jequi: the 'cuda' backend cannot be built on this GPU machine: {reason}; the products it would run use "
+                  "'pallas' instead (pip install \"jax[cuda13]\" brings nvcc, or set CUDA_HOME)", RuntimeWarning, stacklevel=3)  # fmt: skip
 
 
 @functools.lru_cache(maxsize=256)

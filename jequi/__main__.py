@@ -14,7 +14,8 @@ drift.
 alloy, with ase's EMT as the reference. ``--train`` first trains such a model for a short
 while (progress bar) and reports its validation errors. ``--devices N`` splits the structure
 over N devices (:mod:`jequi.models.distributed`; on a CPU, N host devices) and prints the
-same energy and forces as one device.
+same energy and forces as one device. ``--check`` reports what this machine runs
+(:mod:`jequi.check`) and exits.
 """
 
 from __future__ import annotations
@@ -107,6 +108,7 @@ def main(argv=None, *, train_config: NequIPConfig | None = None):
     """The command line's job; `train_config`: the model ``--train`` trains (default: NequIPConfig()),
     a hook for tests, which check the job's steps rather than the model's quality."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--check", action="store_true", help="report the platform, versions and backends, self-test them, and exit")
     ap.add_argument("--model", default="nequix-oam-1", metavar="NAME_OR_PATH",
                     help=f"a shipped model ({', '.join(pretrained.shipped())}) or a checkpoint's path (.nqx); default nequix-oam-1")
     ap.add_argument("--structure", help="an ase-readable file (default: rattled MgO; Cu3Au for the EMT model)")
@@ -119,6 +121,10 @@ def main(argv=None, *, train_config: NequIPConfig | None = None):
     ap.add_argument("--devices", type=int, default=1, metavar="N", help="split the structure (and --train's batches) over N devices (default 1)")
     ap.add_argument("--scheme", choices=SCHEMES, default="exchange", help="--devices: how (jequi.models.decomposition)")
     a = ap.parse_args(argv)
+    if a.check:
+        from jequi import check
+
+        raise SystemExit(check.run())
     if a.devices < 1:
         ap.error(f"--devices must be >= 1, got {a.devices}")
     if a.devices > 1:

@@ -76,3 +76,27 @@ def test_quickstart_notebook_executes():
     NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}}).execute()
     outputs = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
     assert "force MAE on held-out structures" in outputs
+
+
+def test_check_reports_platform_versions_and_backends(capsys):
+    """``python -m jequi --check``: exit 0 on this machine, every backend listed with a reason
+    where it is not available, pallas self-tested against xla."""
+    with pytest.raises(SystemExit) as done:
+        main_job.main(["--check"])
+    out = capsys.readouterr().out
+    assert done.value.code == 0, out
+    for text in ("platform: ", "versions: jax ", "jaxlib ", "kernel cache: ", "backend xla: available", "backend pallas: available",
+                 "self-test against xla passed", "backend cuda", "check: everything that should work works"):  # fmt: skip
+        assert text in out, out
+    import jax
+
+    if jax.default_backend() != "gpu":
+        assert "backend cuda: not available: needs a CUDA GPU" in out
+
+
+def test_check_fails_when_a_backend_fails_its_self_test(monkeypatch, capsys):
+    from jequi import check
+
+    monkeypatch.setattr(check, "self_test", lambda name: 1.0)
+    assert check.run() == 1
+    assert "self-test against xla FAILED" in capsys.readouterr().out
