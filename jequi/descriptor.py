@@ -192,6 +192,20 @@ def _check_instruction(n: int, ins, irreps_in1: Irreps, irreps_in2: Irreps, irre
     return int(i1), int(i2), int(io), mode, bool(has_weight), float(path_weight)
 
 
+def _variances(values, irreps, name: str) -> tuple[float, ...]:
+    """Per-irrep variances (e3nn's ``in1_var`` / ``in2_var`` / ``out_var``): one for each of
+    `irreps`' entries, finite and >= 0; None means all one."""
+    if values is None:
+        return (1.0,) * len(irreps)
+    try:
+        out = tuple(float(v) for v in values)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a list of {len(irreps)} numbers (one per irrep of {irreps}), got {values!r}") from None
+    if len(out) != len(irreps) or not all(math.isfinite(v) and v >= 0 for v in out):
+        raise ValueError(f"{name} must be {len(irreps)} finite numbers >= 0 (one per irrep of {irreps}), got {values!r}")
+    return out
+
+
 def _fan_in(mode: str, m1: int, m2: int) -> int:
     """e3nn's ``num_elements``: fan-in of one output component, for ``path_normalization``."""
     return {"uvw": m1 * m2, "uvu": m2, "uvv": m1, "uuw": m1, "uuu": 1, "uvuv": 1}[mode]
@@ -240,14 +254,28 @@ class TensorProductDescriptor:
         irreps_out,
         instructions: Sequence[tuple],
         *,
-        irrep_normalization: str = "component",
-        path_normalization="element",
-        gradient_normalization="path",
+        in1_var=None,
+        in2_var=None,
+        out_var=None,
+        irrep_normalization: str | None = None,
+        path_normalization=None,
+        gradient_normalization=None,
         layout: str = "mul_ir",
     ):
         self.irreps_in1 = as_irreps(irreps_in1, "irreps_in1")
         self.irreps_in2 = as_irreps(irreps_in2, "irreps_in2")
         self.irreps_out = as_irreps(irreps_out, "irreps_out")
+        # As e3nn's FunctionalTensorProduct: None reads e3nn.config (at construction, so the
+        # descriptor keeps the values it was built with), variances default to one per irrep.
+        if irrep_normalization is None:
+            irrep_normalization = e3nn.config("irrep_normalization")
+        if path_normalization is None:
+            path_normalization = e3nn.config("path_normalization")
+        if gradient_normalization is None:
+            gradient_normalization = e3nn.config("gradient_normalization")
+        self.in1_var = _variances(in1_var, self.irreps_in1, "in1_var")
+        self.in2_var = _variances(in2_var, self.irreps_in2, "in2_var")
+        self.out_var = _variances(out_var, self.irreps_out, "out_var")
         if irrep_normalization not in IRREP_NORMALIZATIONS:
             raise ValueError(
                 f"irrep_normalization must be one of {IRREP_NORMALIZATIONS}, got {irrep_normalization!r}"
@@ -282,16 +310,20 @@ class TensorProductDescriptor:
             path_exp,
             grad_exp,
             layout,
+            self.in1_var,
+            self.in2_var,
+            self.out_var,
         )
 
     def _make_paths(self, checked, path_exp: float, grad_exp: float) -> tuple[Path, ...]:
-        # Exactly e3nn_jax.legacy.FunctionalTensorProduct's _normalize_instruction_path_weights,
-        # with unit input/output variances.
+        # Exactly e3nn_jax.legacy.FunctionalTensorProduct's _normalize_instruction_path_weights.
         muls = [
             (self.irreps_in1[i1].mul, self.irreps_in2[i2].mul, self.irreps_out[io].mul)
             for i1, i2, io, *_ in checked
         ]
-        fan_in = [_fan_in(ins[3], m1, m2) for ins, (m1, m2, _) in zip(checked, muls)]
+        fan_in = [
+            self.in1_var[ins[0]] * self.in2_var[ins[1]] * _fan_in(ins[3], m1, m2) for ins, (m1, m2, _) in zip(checked, muls)
+        ]
         sums = collections.defaultdict(float)
         for ins, var in zip(checked, fan_in):
             sums[ins[2]] += var ** (1.0 - path_exp)
@@ -305,6 +337,7 @@ class TensorProductDescriptor:
             x = var**path_exp * sums[io]
             if x > 0.0:
                 alpha /= x
+            alpha *= self.out_var[io]
             alpha *= user_weight
             if has_weight:
                 path_weight = math.sqrt(alpha) ** grad_exp

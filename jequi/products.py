@@ -90,7 +90,11 @@ class TensorProduct:
         gradient_normalization: ``"path"`` (e3nn-jax's default: normalization in the forward
             pass) or ``"element"`` (normalization in the weights' init, see
             :attr:`weight_std`), or an exponent.
+            These three take ``None`` (the default) as e3nn does: the value of ``e3nn.config``
+            when the product is built.
         layout: ``"mul_ir"`` (e3nn's) or ``"ir_mul"`` (cuEquivariance's) for x, y and z.
+        in1_var, in2_var, out_var: e3nn's per-irrep input and output variances (None: ones),
+            which scale the paths' normalization as in ``FunctionalTensorProduct``.
 
     Values and weight order equal
     ``e3nn_jax.legacy.FunctionalTensorProduct(...).left_right(w, x, y)`` row by row.
@@ -103,22 +107,36 @@ class TensorProduct:
         irreps_out,
         instructions,
         shared_weights: bool = False,
-        irrep_normalization: str = "component",
-        path_normalization="element",
-        gradient_normalization="path",
+        irrep_normalization: str | None = None,
+        path_normalization=None,
+        gradient_normalization=None,
         layout: str = "mul_ir",
+        *,
+        in1_var=None,
+        in2_var=None,
+        out_var=None,
     ):
         self.descriptor = TensorProductDescriptor(
             irreps_in1,
             irreps_in2,
             irreps_out,
             instructions,
+            in1_var=in1_var,
+            in2_var=in2_var,
+            out_var=out_var,
             irrep_normalization=irrep_normalization,
             path_normalization=path_normalization,
             gradient_normalization=gradient_normalization,
             layout=layout,
         )
         self.shared_weights = bool(shared_weights)
+
+    def _irreps_array(self, z) -> e3nn.IrrepsArray:
+        """`z` as e3nn's ``IrrepsArray``, its output blocks that no path reaches flagged zero
+        (as e3nn's products flag them, so e3nn's ops can skip them)."""
+        reached = {p.i_out for p in self.descriptor.active_paths}
+        flags = tuple(i not in reached for i in range(len(self.irreps_out)))
+        return e3nn.IrrepsArray(self.irreps_out, z, zero_flags=flags)
 
     # --- descriptive properties ---------------------------------------------------------
     irreps_in1 = property(lambda self: self.descriptor.irreps_in1)
@@ -205,7 +223,7 @@ class TensorProduct:
             wf = self._kernel_weights(wf)
             z = autodiff.apply(_tp_kernels(self.descriptor.trilinear, b.name), xf, yf, wf, z_shape=(n, dout))
             z = z.reshape(*batch, dout)
-        return e3nn.IrrepsArray(self.irreps_out, z) if wrap else z
+        return self._irreps_array(z) if wrap else z
 
     def conv(self, x, y, w, graph, receivers=None, num_nodes=None, *, backend: str | None = None, kahan: bool = False):
         """Fused graph convolution ``out[r] = sum_{e: receivers[e]=r} tp(x[senders[e]], y[e], w[e])``.
@@ -258,7 +276,7 @@ class TensorProduct:
         else:
             kernels = _conv_kernels(self.descriptor.trilinear, b.name, graph.static, bool(kahan))
             out = autodiff.apply(kernels, x, y, self._kernel_weights(w), *graph.index_arrays, z_shape=(graph.num_nodes, dout))
-        return e3nn.IrrepsArray(self.irreps_out, out) if wrap else out
+        return self._irreps_array(out) if wrap else out
 
     def radial_conv(self, x, y, hidden, kernel, graph, *, hidden_fn=None, edge_chunks: int | None = None, backend: str | None = None,
                     kahan: bool = False):  # fmt: skip
@@ -333,7 +351,7 @@ class TensorProduct:
         x, first = jax.lax.optimization_barrier((x, jax.tree.map(lambda a: a[0], chunks)))
         out = part(x, kernel, *first)
         out, _ = jax.lax.scan(step, out, jax.tree.map(lambda a: a[1:], chunks))
-        return e3nn.IrrepsArray(self.irreps_out, out) if wrap else out
+        return self._irreps_array(out) if wrap else out
 
 
 # The most weights one chunk of :meth:`TensorProduct.radial_conv` holds (2**30 values, 4 GiB in
