@@ -96,21 +96,44 @@ class Graph:
     edges_sorted: bool = dataclasses.field(default=False, metadata=dict(static=True))
 
     @classmethod
-    def build(cls, senders, receivers, num_nodes: int, num_senders: int | None = None, shifts=None) -> Graph:
+    def build(cls, senders, receivers, num_nodes: int, num_senders: int | None = None, shifts=None, *,
+              edges_sorted: bool | None = None, padding_node: int | None = None) -> Graph:  # fmt: skip
         """Prepare the graph with edges ``senders[e] -> receivers[e]`` (any order).
 
         ``num_nodes`` (static) is the number of receiving nodes (output rows),
         ``num_senders`` (static, default ``num_nodes``) the number of rows of ``x``.
+
+        ``edges_sorted``: None finds out on the host where the indices are concrete (traced,
+        they count as unsorted); True promises that the kept edges are in receiver order with
+        the dropped ones last, which saves the receiver sort under ``jit`` and is checked where
+        the indices are concrete (a ValueError if it does not hold); False never assumes it.
+
+        ``padding_node``: a node that padding edges point at, the jraph way (a padding graph's
+        node, e.g. ``num_nodes - 1``). Every edge into or out of it is dropped like an
+        out-of-range edge, so it costs nothing; its own output row is zero.
         """
         check_indices(senders, receivers)
         num_nodes = check_num_nodes(num_nodes)
         num_senders = check_num_nodes(num_nodes if num_senders is None else num_senders, "num_senders")
-        edges_sorted = _sorted_on_host(senders, receivers, num_nodes, num_senders)
+        if padding_node is not None and not (isinstance(padding_node, (int, np.integer)) and 0 <= padding_node < max(num_nodes, num_senders)):
+            raise ValueError(f"padding_node must be a node index in [0, {max(num_nodes, num_senders)}), got {padding_node!r}")
+        on_host = _sorted_on_host(senders, receivers, num_nodes, num_senders, padding_node)
+        if edges_sorted and on_host is False:
+            raise ValueError("edges_sorted=True, but the kept edges are not in receiver order (with dropped edges last)")
+        promised = bool(edges_sorted) and on_host is None  # traced: the caller's word
+        edges_sorted = bool(on_host) if edges_sorted is None else bool(edges_sorted)
         senders = jnp.asarray(senders, jnp.int32)
         receivers = jnp.asarray(receivers, jnp.int32)
         valid = (senders >= 0) & (senders < num_senders) & (receivers >= 0) & (receivers < num_nodes)
+        if padding_node is not None:
+            valid &= (senders != padding_node) & (receivers != padding_node)
         senders, receivers = jnp.where(valid, senders, 0), jnp.where(valid, receivers, num_nodes)
-        receiver_order, receiver_offsets = _csr(receivers, num_nodes)
+        if promised:  # in order already: the identity, offsets from the counts
+            receiver_order = jnp.arange(receivers.shape[0], dtype=jnp.int32)
+            counts = jnp.bincount(receivers, length=num_nodes + 1)
+            receiver_offsets = jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(counts).astype(jnp.int32)])
+        else:
+            receiver_order, receiver_offsets = _csr(receivers, num_nodes)
         sender_order, sender_offsets = _csr(jnp.where(valid, senders, num_senders), num_senders)
         if shifts is not None:
             shifts = jnp.asarray(shifts)
@@ -155,14 +178,20 @@ _INDEX_FIELDS = (
 )  # fmt: skip
 
 
-def _sorted_on_host(senders, receivers, num_nodes: int, num_senders: int) -> bool:
-    """True when concrete indices are all valid and in receiver order (False when traced)."""
+def _sorted_on_host(senders, receivers, num_nodes: int, num_senders: int, padding_node=None) -> bool | None:
+    """For concrete indices, whether the kept edges are in receiver order: all valid, or (with
+    a `padding_node`) its edges all after the others. None when traced."""
     try:
         s, r = np.asarray(senders), np.asarray(receivers)
     except jax.errors.TracerArrayConversionError:
-        return False
-    valid = np.all((s >= 0) & (s < num_senders) & (r >= 0) & (r < num_nodes))
-    return bool(valid and np.all(np.diff(r) >= 0))
+        return None
+    valid = (s >= 0) & (s < num_senders) & (r >= 0) & (r < num_nodes)
+    if padding_node is None:
+        return bool(np.all(valid) and np.all(np.diff(r) >= 0))
+    dropped = (s == padding_node) | (r == padding_node)
+    kept = valid & ~dropped
+    effective = np.where(kept, r, num_nodes)
+    return bool(np.all(kept | dropped) and np.all(np.diff(effective) >= 0))
 
 
 # --- rows split into parts: what a conv kernel's program walks ---------------------------------

@@ -278,8 +278,8 @@ class TensorProduct:
             out = autodiff.apply(kernels, x, y, self._kernel_weights(w), *graph.index_arrays, z_shape=(graph.num_nodes, dout))
         return self._irreps_array(out) if wrap else out
 
-    def radial_conv(self, x, y, hidden, kernel, graph, *, hidden_fn=None, edge_chunks: int | None = None, backend: str | None = None,
-                    kahan: bool = False):  # fmt: skip
+    def radial_conv(self, x, y, hidden, kernel, graph, receivers=None, num_nodes=None, *, hidden_fn=None, edge_chunks: int | None = None,
+                    backend: str | None = None, kahan: bool = False):  # fmt: skip
         """:meth:`conv` with per-edge weights ``w = hidden_fn(hidden) @ kernel`` (a radial MLP),
         without the whole ``(E, weight_numel)`` weight array in memory.
 
@@ -291,12 +291,20 @@ class TensorProduct:
         used and dropped, and recomputed for the backward (``jax.checkpoint``), so the memory
         of a model's largest graph is set by its ``B`` inputs a edge rather than
         ``weight_numel`` weights (or ``H`` hidden values) a edge. One chunk is plain
-        ``conv(x, y, hidden_fn(hidden) @ kernel, graph)``. The graph must be a
-        :class:`jequi.Graph`; every backend, derivative order and ``vmap`` works as for
-        :meth:`conv`.
+        ``conv(x, y, hidden_fn(hidden) @ kernel, graph)``. The graph is a :class:`jequi.Graph`
+        or raw ``senders, receivers[, num_nodes]``, as :meth:`conv` takes them; every backend,
+        derivative order and ``vmap`` works as for :meth:`conv`.
         """
-        if not isinstance(graph, graph_lib.Graph):
-            raise TypeError(f"radial_conv needs a jequi.Graph (Graph.build), got {type(graph).__name__}")
+        if isinstance(graph, graph_lib.Graph):
+            if receivers is not None or num_nodes is not None:
+                raise TypeError("pass either a Graph or senders, receivers[, num_nodes], not both")
+        else:  # raw indices, as conv takes them: a Graph built here (build one per structure to reuse it)
+            if receivers is None:
+                raise TypeError("radial_conv needs a Graph or both senders and receivers")
+            rows = jnp.shape(x.array if isinstance(x, e3nn.IrrepsArray) else x)[0]
+            graph_lib.check_indices(graph, receivers, jnp.shape(hidden)[0])
+            num_nodes = graph_lib.check_num_nodes(rows if num_nodes is None else num_nodes)
+            graph = graph_lib.Graph.build(graph, receivers, num_nodes, rows)
         hidden, kernel = jnp.asarray(hidden), jnp.asarray(kernel)
         hidden_fn = (lambda h: h) if hidden_fn is None else hidden_fn
         if kernel.ndim != 2 or kernel.shape[1] != self.weight_numel:

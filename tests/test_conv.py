@@ -367,5 +367,5 @@ def test_radial_conv_chunk_rule_and_errors(radial_tp, monkeypatch):
         tp.radial_conv(x, y, h[:-1], k, g)
     with pytest.raises(ValueError, match="edge_chunks"):
         tp.radial_conv(x, y, h, k, g, edge_chunks=0)
-    with pytest.raises(TypeError, match="jequi.Graph"):
+    with pytest.raises(TypeError, match="needs a Graph or both senders and receivers"):  # raw indices need both
         tp.radial_conv(x, y, h, k, s)
