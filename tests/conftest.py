@@ -2,6 +2,11 @@
 
 import importlib.util
 import os
+import tempfile
+
+# Tests write only to temporary folders: the CUDA kernels' build cache too (one folder per
+# test session, shared by pytest-xdist's workers, which inherit the environment).
+os.environ.setdefault("JEQUI_CACHE_DIR", tempfile.mkdtemp(prefix="jequi-test-cache-"))
 
 # On CPU, XLA's backend (LLVM) optimisation off for the tests and the processes they start: the suite's time
 # is mostly compiling small programs run once; a GPU run (a CUDA plugin installed) or a level set in XLA_FLAGS stays.

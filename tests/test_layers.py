@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import assert_close
+from conftest import assert_close, e3nn_tp
 from flax import nnx
 
 import jequi
@@ -31,12 +31,12 @@ def linen_fns():
     x, y, w, g = inputs()
     p_tp = tpl.init(jax.random.key(0), x, y[:5])
     p_conv = conv.init(jax.random.key(0), x, y, g)
-    return (lambda x, y: tpl.apply(p_tp, x, y)), p_tp["params"]["weights"], (lambda x, y, g: conv.apply(p_conv, x, y, g))
+    return (lambda x, y: tpl.apply(p_tp, x, y)), p_tp["params"]["weights"], (lambda x, y, g: conv.apply(p_conv, x, y, g)), p_conv["params"]["weights"]
 
 
 def nnx_fns():
     tpl, conv = jnnx.TensorProduct(TP, rngs=nnx.Rngs(0)), jnnx.Conv(TP, rngs=nnx.Rngs(1))
-    return tpl, tpl.weights[...], conv
+    return tpl, tpl.weights[...], conv, conv.weights[...]
 
 
 def haiku_fns():
@@ -44,7 +44,7 @@ def haiku_fns():
     conv = hk.without_apply_rng(hk.transform(lambda x, y, g: jhk.Conv(TP)(x, y, g)))
     x, y, w, g = inputs()
     p_tp, p_conv = tpl.init(jax.random.key(0), x, y[:5]), conv.init(jax.random.key(0), x, y, g)
-    return (lambda x, y: tpl.apply(p_tp, x, y)), p_tp["tensor_product"]["weights"], (lambda x, y, g: conv.apply(p_conv, x, y, g))
+    return (lambda x, y: tpl.apply(p_tp, x, y)), p_tp["tensor_product"]["weights"], (lambda x, y, g: conv.apply(p_conv, x, y, g)), p_conv["conv"]["weights"]
 
 
 FRAMEWORKS = {"linen": linen_fns, "nnx": nnx_fns, "haiku": haiku_fns}
@@ -52,7 +52,7 @@ FRAMEWORKS = {"linen": linen_fns, "nnx": nnx_fns, "haiku": haiku_fns}
 
 @pytest.mark.parametrize("framework", list(FRAMEWORKS))
 def test_internal_weights_layer_matches_op_under_transforms(framework):
-    tp_layer, weights, _ = FRAMEWORKS[framework]()
+    tp_layer, weights, _, _ = FRAMEWORKS[framework]()
     assert weights.shape == (TP.weight_numel,)
     x, y, _, _ = inputs()
     y = y[:5]
@@ -66,11 +66,17 @@ def test_internal_weights_layer_matches_op_under_transforms(framework):
 
 @pytest.mark.parametrize("framework", list(FRAMEWORKS))
 def test_conv_layer_internal_weights(framework):
-    _, _, conv = FRAMEWORKS[framework]()
+    """The conv layer with its own (shared) weights against e3nn-jax: gather the senders, e3nn's
+    product with those weights on every edge, sum into the receivers."""
+    _, _, conv, weights = FRAMEWORKS[framework]()
+    assert weights.shape == (TP.weight_numel,) and np.abs(np.asarray(weights)).max() > 0
     x, y, _, g = inputs()
     out = conv(x, y, g)
-    assert out.shape == (5, TP.irreps_out.dim) and np.all(np.isfinite(out))
-    assert_close(jax.jit(conv)(x, y, g), out, 1e-12)
+    z = e3nn_tp(TP, x[np.asarray(g.senders)], y, np.broadcast_to(np.asarray(weights), (y.shape[0], TP.weight_numel)))
+    ref = jax.ops.segment_sum(z, np.asarray(g.receivers), num_segments=5)
+    assert np.abs(np.asarray(ref)).max() > 0.1
+    assert_close(out, ref, 1e-12, "conv layer vs e3nn-jax")
+    assert_close(jax.jit(conv)(x, y, g), ref, 1e-12, "jit")
 
 
 def test_external_weights_and_irreps_arrays():
