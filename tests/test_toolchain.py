@@ -3,6 +3,7 @@ wheels' layouts (a pip-only install has no system toolkit), and one warning nami
 on a GPU machine without a toolchain."""
 
 import importlib
+import os
 import sys
 import warnings
 
@@ -53,3 +54,21 @@ def test_a_gpu_without_toolchain_warns_once_with_the_reason(monkeypatch):
         warnings.simplefilter("error")
         assert ops.available() is False  # once a process, not at every product
     ops._warn_unbuildable.cache_clear()
+
+
+@pytest.mark.skipif(build.cxx() is None, reason="no C++ compiler")
+def test_launcher_builds_and_registers_on_this_jaxlib(tmp_path):
+    """The FFI handler compiles against the installed jaxlib's headers and registers with JAX
+    (no GPU needed for either), in a process of its own: this process's handler, where a GPU
+    test has loaded it, holds the registered kernels. CI installs the newest jaxlib the index
+    serves; the GPU image has 0.11.2, whose GPU runs call it."""
+    import pathlib
+    import subprocess
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    code = "from ffi import build; lib = build.launcher(); assert lib.JequiLaunch and lib.jequi_register_kernel; print('ok')"
+    env = {**os.environ, "JEQUI_CACHE_DIR": str(tmp_path), "JAX_PLATFORMS": "cpu",
+           "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}  # fmt: skip
+    run = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stderr[-3000:]
+    assert any(p.suffix == ".so" for p in tmp_path.rglob("*"))
