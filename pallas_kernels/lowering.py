@@ -2,9 +2,9 @@
 
 GPU: Pallas' Triton lowering. The kernels need in-kernel gathers and scatters with vectors
 of static indices (every irrep block is read and written channel-wise at a stride) and, for
-the fused convolution, indexed atomics; Mosaic GPU (JAX's default GPU lowering since 0.11)
+the fused convolution, indexed atomics; Mosaic GPU (JAX's default GPU lowering since 0.9.0)
 has neither (the project's shared BASELINES.md, outside this repository). The Triton lowering
-is marked deprecated in JAX 0.11-0.12 but works; its deprecation warning is filtered here,
+is deprecated since JAX 0.11.0 (the Pallas changelog) but works in 0.11-0.12; its deprecation warning is filtered here,
 deliberately and by its exact message (it is raised when a jitted caller lowers, so it cannot
 be caught around our call alone). To move the kernels to Mosaic GPU, replace
 :func:`pallas_call` and :func:`fma` (Triton's inline assembly); the CUDA kernels of the
