@@ -134,9 +134,12 @@ class TensorProduct:
     def _irreps_array(self, z) -> e3nn.IrrepsArray:
         """`z` as e3nn's ``IrrepsArray``, its output blocks that no path reaches flagged zero
         (as e3nn's products flag them, so e3nn's ops can skip them)."""
+        return e3nn.IrrepsArray(self.irreps_out, z, zero_flags=self._zero_flags)
+
+    @functools.cached_property
+    def _zero_flags(self) -> tuple[bool, ...]:
         reached = {p.i_out for p in self.descriptor.active_paths}
-        flags = tuple(i not in reached for i in range(len(self.irreps_out)))
-        return e3nn.IrrepsArray(self.irreps_out, z, zero_flags=flags)
+        return tuple(i not in reached for i in range(len(self.irreps_out)))
 
     # --- descriptive properties ---------------------------------------------------------
     irreps_in1 = property(lambda self: self.descriptor.irreps_in1)

@@ -130,29 +130,17 @@ def check_structures(params):
     return out
 
 
-def check_mace():
-    """MACE split over 4 devices, both schemes, against one device (periodic Cu3Au)."""
-    params = jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), MACE_CONFIG.init_params(jax.random.key(3)))
+def check_split_model(config, seed: int):
+    """A model (`config`, random parameters) split over 4 devices, both schemes, against one
+    device (periodic Cu3Au)."""
+    params = jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), config.init_params(jax.random.key(seed)))
     atoms = periodic()
-    ref = reference(params, atoms, MACE_CONFIG)
+    ref = reference(params, atoms, config)
     out = {}
     for scheme in SCHEMES:
         dec = Decomposition(4, scheme, None, min_atoms=ATOMS_PAD, min_edges=EDGES_PAD)
-        shards = dist.split_atoms(atoms, MACE_CONFIG, dec)
-        out[scheme] = deviations(dist.evaluate(params, MACE_CONFIG, shards, dist.device_mesh(4), jnp.float64), ref)
-    return out
-
-
-def check_nequix():
-    """Nequix split over 4 devices, both schemes, against one device (periodic Cu3Au)."""
-    params = jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), NEQUIX_CONFIG.init_params(jax.random.key(4)))
-    atoms = periodic()
-    ref = reference(params, atoms, NEQUIX_CONFIG)
-    out = {}
-    for scheme in SCHEMES:
-        dec = Decomposition(4, scheme, None, min_atoms=ATOMS_PAD, min_edges=EDGES_PAD)
-        shards = dist.split_atoms(atoms, NEQUIX_CONFIG, dec)
-        out[scheme] = deviations(dist.evaluate(params, NEQUIX_CONFIG, shards, dist.device_mesh(4), jnp.float64), ref)
+        shards = dist.split_atoms(atoms, config, dec)
+        out[scheme] = deviations(dist.evaluate(params, config, shards, dist.device_mesh(4), jnp.float64), ref)
     return out
 
 
@@ -255,7 +243,7 @@ def check_chunked_conv():
 
 
 CHECKS = {"structures": lambda: check_structures(model_params()), "calculator": check_calculator_and_main, "training": check_training,
-          "chunked_conv": check_chunked_conv, "mace": check_mace, "nequix": check_nequix}  # fmt: skip
+          "chunked_conv": check_chunked_conv, "mace": lambda: check_split_model(MACE_CONFIG, 3), "nequix": lambda: check_split_model(NEQUIX_CONFIG, 4)}  # fmt: skip
 
 
 def main(path, names):

@@ -184,4 +184,4 @@ def test_calculator_md_and_training():
     _, history = train(config, structures, steps=12, batch_size=2, learning_rate=1e-2, progress=False)
     assert np.mean(history.loss[-3:]) < np.mean(history.loss[:3])
 
-# The sharded calculator with MACE: tests/multidevice_checks.py (check_mace), run by tests/test_distributed.py.
+# The sharded calculator with MACE: tests/multidevice_checks.py (check_split_model), run by tests/test_distributed.py.

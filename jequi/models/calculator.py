@@ -112,7 +112,7 @@ def _hessian(config, params, species, positions, cell, senders, receivers, shift
 
 
 class JequiCalculator(Calculator):
-    """ASE calculator of a jequi potential (NequIP-style, MACE).
+    """ASE calculator of a jequi potential (NequIP-style, MACE, Nequix).
 
     ``model``: ``"nequip-emt"`` (shipped, see ``jequi/models/weights/nequip-emt.md``), a saved
     model's path, or ``(params, config)`` of any model with the ``config.energies`` interface

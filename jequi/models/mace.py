@@ -43,6 +43,7 @@ from ..indexed_linear import IndexedLinear
 from ..products import TensorProduct, channelwise
 from ..symmetric import SymmetricContraction
 from ..symmetric_basis import torch_wigner_3j
+from .named import flat_parameters, init_named, with_parameter
 from .nequip import species_index
 
 # e3nn-torch's normalize2mom(silu) constant, what mace-torch's radial MLP and readout multiply
@@ -116,21 +117,16 @@ class MACEConfig:
 
     def energies(self, params, species, positions, graph, cell=None, exchange=None):
         """Per-atom energies: the model interface of the calculator, MD, sharding and training."""
-        return atomic_energies(model_parameters(params), self, species, positions, graph, cell, exchange)
+        return atomic_energies(flat_parameters(params), self, species, positions, graph, cell, exchange)
 
     def init_params(self, key, species=None, positions=None, graph=None, cell=None) -> dict:
         """``{"params": {name: array}}``: mace-torch's initialisation (standard normal; the
         contraction's divided by its number of paths), E0s from :attr:`atomic_energies`."""
-        shapes = parameter_shapes(self)
-        keys = jax.random.split(key, len(shapes))
-        params = {name: init_parameter(self, name, shape, k) for (name, shape), k in zip(shapes.items(), keys)}
-        return {"params": params}
+        return init_named(parameter_shapes(self), functools.partial(init_parameter, self), key)
 
     def with_species_energies(self, params, energies) -> dict:
         """`params` with the E0s set to `energies` (``(num_species,)``; :func:`train`'s fit)."""
-        p = dict(model_parameters(params))
-        p["atomic_energies_fn.atomic_energies"] = jnp.asarray(energies, p["atomic_energies_fn.atomic_energies"].dtype)
-        return {"params": p}
+        return with_parameter(params, "atomic_energies_fn.atomic_energies", energies)
 
 
 def init_parameter(config: MACEConfig, name: str, shape: tuple, key):
@@ -145,13 +141,6 @@ def init_parameter(config: MACEConfig, name: str, shape: tuple, key):
         return jnp.asarray(config.shift, jnp.float32)
     w = jax.random.normal(key, shape)
     return w / shape[1] if ".symmetric_contractions." in name else w
-
-
-def model_parameters(params) -> dict:
-    """The flat name -> array dict, from ``{"params": ...}`` (Flax's) or the dict itself."""
-    if isinstance(params, dict) and "params" in params and isinstance(params["params"], dict):
-        return params["params"]
-    return params
 
 
 # --- the layers' structure, as values --------------------------------------------------------

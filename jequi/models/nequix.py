@@ -45,6 +45,7 @@ import numpy as np
 from ..atoms import edge_vectors
 from ..graph import Graph
 from ..products import channelwise
+from .named import flat_parameters, init_named, with_parameter
 from .nequip import species_index
 
 # Nequix's training sets: MPtrj's 89 elements (Z = 1-83, 89-94), in index order.
@@ -100,27 +101,16 @@ class NequixConfig:
 
     def energies(self, params, species, positions, graph, cell=None, exchange=None):
         """Per-atom energies: the model interface of the calculator, MD, sharding and training."""
-        return atomic_energies(model_parameters(params), self, species, positions, graph, cell, exchange)
+        return atomic_energies(flat_parameters(params), self, species, positions, graph, cell, exchange)
 
     def init_params(self, key, species=None, positions=None, graph=None, cell=None) -> dict:
         """``{"params": {name: array}}`` with Nequix's initialisation (its MLP's scaled normal,
         e3nn's linears' unit normal, layer-norm weights one, atom energies zero)."""
-        shapes = parameter_shapes(self)
-        keys = jax.random.split(key, len(shapes))
-        return {"params": {name: init_parameter(self, name, shape, k) for (name, shape), k in zip(shapes.items(), keys)}}
+        return init_named(parameter_shapes(self), functools.partial(init_parameter, self), key)
 
     def with_species_energies(self, params, energies) -> dict:
         """`params` with the atom energies set to `energies` (``(num_species,)``; :func:`train`'s fit)."""
-        p = dict(model_parameters(params))
-        p["atom_energies"] = jnp.asarray(energies, p["atom_energies"].dtype)
-        return {"params": p}
-
-
-def model_parameters(params) -> dict:
-    """The flat name -> array dict, from ``{"params": ...}`` (Flax's) or the dict itself."""
-    if isinstance(params, dict) and "params" in params and isinstance(params["params"], dict):
-        return params["params"]
-    return params
+        return with_parameter(params, "atom_energies", energies)
 
 
 # --- the layers' shapes ----------------------------------------------------------------------
@@ -388,7 +378,7 @@ def write_nqx(path, params, config: NequixConfig, header: dict | None = None) ->
     meta = dict(header or {})
     meta.update({k: getattr(config, f) for f, k in NQX_KEYS.items()})
     meta["atomic_numbers"] = list(config.species)
-    p = model_parameters(params)
+    p = flat_parameters(params)
     with open(path, "wb") as f:
         f.write((json.dumps(meta) + "\n").encode())
         for name, shape in parameter_shapes(config).items():
