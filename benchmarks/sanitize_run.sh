@@ -1,27 +1,35 @@
 #!/usr/bin/env bash
-# compute-sanitizer over jequi's GPU kernels (device tool, from the repo root; carry .whl or .peers
-# as for the other runs). Each tool runs the GPU tests that drive the kernel families on hostile
-# inputs: tests/test_hostile_inputs.py (indices -1, -2^31, N, 2^31-1, a hub, empty graphs, zero
-# nodes and rows: TP and conv on pallas, cuda and cuda-atomic), plus the families' own tests
-# selected by SANITIZE_TESTS. The first line of the log says whether the runtime supports the
-# sanitizer (gVisor machines refuse it: KINDS.md).
-#   SANITIZE_TOOLS="memcheck racecheck initcheck" SANITIZE_TESTS="tests/test_conv.py -k hub" bash benchmarks/sanitize_run.sh
-# Writes <tool>.log per tool and summary.txt (each tool's ERROR SUMMARY line) into $OUT; copy the
-# summary into benchmarks/results/<date>-<device>-sanitizer.md with the device and versions.
+# compute-sanitizer over jequi's GPU kernels (device tool, from the repo root; carry .peers as
+# for the other runs). benchmarks/sanitize_kernels.py runs every kernel family on hostile inputs
+# (indices -1, -2^31, N, 2^31-1, a 50,000-edge hub, an empty graph, zero nodes and rows) and
+# checks its values against xla: once natively (the reference run, which also fills JAX's
+# persistent compilation cache so the sanitized runs do not compile under the tool), then under
+# each tool, the kernels' calls alone (--kernels-only). Needs a runtime that supports the sanitizer (Firecracker, not gVisor: KINDS.md).
+#   SANITIZE_TOOLS="memcheck racecheck initcheck" SANITIZE_FAMILIES=tp,conv bash benchmarks/sanitize_run.sh
+# Writes native.log, <tool>.log and summary.txt (each run's case count and each tool's ERROR
+# SUMMARY, appended) into $OUT; the results file is benchmarks/results/<date>-<device>-sanitizer.md.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 source benchmarks/model_env.sh
 export JEQUI_CACHE_DIR=${JEQUI_CACHE_DIR:-/tmp/jequi-sanitize-cache}
-TESTS=${SANITIZE_TESTS:-"tests/test_hostile_inputs.py tests/test_symmetric.py::test_out_of_range_species_under_jit_give_zero"}
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/summary.txt"
-python3 -c "import jax; print('jax', jax.__version__)" | tee -a "$OUT/summary.txt"
+export JAX_COMPILATION_CACHE_DIR=/tmp/jax-sanitize-cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0
+# No autotuning (it would run XLA's candidate kernels under the tool), no CUDA graphs; without
+# preallocation each buffer is its own allocation, so memcheck sees accesses past its end.
+export XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_autotune_level=0 --xla_gpu_enable_command_buffer=" \
+  XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_PYTHON_CLIENT_ALLOCATOR=platform
+ARGS="--families ${SANITIZE_FAMILIES:-tp,conv,eaas,attention,symmetric}"
+if [ "${RUN_NATIVE:-1}" = 1 ]; then  # RUN_NATIVE=0: a later call on the same machine, the cache filled
+  { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; compute-sanitizer --version | tail -1
+    python3 -c "import jax; print('jax', jax.__version__)"; } | tee -a "$OUT/summary.txt"
+  t0=$(date +%s)
+  timeout "${NATIVE_TIMEOUT:-240}" python3 benchmarks/sanitize_kernels.py $ARGS > "$OUT/native.log" 2>&1
+  echo "native: exit $?; $(tail -1 "$OUT/native.log"); $(( $(date +%s) - t0 )) s" | tee -a "$OUT/summary.txt"
+fi
 for tool in ${SANITIZE_TOOLS:-memcheck racecheck initcheck}; do
   extra=""
-  [ "$tool" = initcheck ] && extra="--track-unused-memory no"
-  # XLA's allocator pools memory: without preallocation each buffer is its own allocation, so
-  # memcheck sees out-of-bounds accesses past a buffer's end
-  XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_PYTHON_CLIENT_ALLOCATOR=platform \
-    timeout "${SANITIZE_TIMEOUT:-500}" compute-sanitizer --tool "$tool" $extra --target-processes all --print-limit 20 \
-    python3 -m pytest -q -p no:cacheprovider -p no:xdist $TESTS > "$OUT/$tool.log" 2>&1
-  echo "$tool: exit $?; $(grep -m1 'ERROR SUMMARY' "$OUT/$tool.log" || echo 'no ERROR SUMMARY line'); $(tail -1 "$OUT/$tool.log")" | tee -a "$OUT/summary.txt"
+  [ "$tool" = memcheck ] && extra="--leak-check no"
+  t0=$(date +%s)
+  timeout "${SANITIZE_TIMEOUT:-150}" compute-sanitizer --tool "$tool" $extra --target-processes all --print-limit 20 \
+    python3 benchmarks/sanitize_kernels.py $ARGS --kernels-only > "$OUT/$tool.log" 2>&1
+  echo "$tool: exit $?; $(grep -m1 'ERROR SUMMARY' "$OUT/$tool.log" || echo 'no ERROR SUMMARY line'); $(grep -E '^[0-9]+ cases' "$OUT/$tool.log" || tail -1 "$OUT/$tool.log"); $(( $(date +%s) - t0 )) s" | tee -a "$OUT/summary.txt"
 done

@@ -189,7 +189,7 @@ def _product(plan: _Plan, x, ds, norm, leading, dtype):
             chunks.append(jnp.broadcast_to(chunk, (*leading, *chunk.shape[-2:])))
         yt = chunks[0] if len(chunks) == 1 else jnp.concatenate(chunks, axis=-2)
         y = yt if lo == 0 else so2.rotate(yt, ds[lo], transpose=False)  # D y~
-        outputs.append(jnp.broadcast_to(y, (*leading, *y.shape[-2:])).reshape(*leading, -1))
+        outputs.append(jnp.broadcast_to(y, (*leading, *y.shape[-2:])).reshape(*leading, y.shape[-2] * y.shape[-1]))  # no -1: zero rows
     if not outputs:
         return jnp.zeros((*leading, 0), dtype)
     return outputs[0] if len(outputs) == 1 else jnp.concatenate(outputs, axis=-1)

@@ -96,7 +96,7 @@ class SymmetricContraction:
         n = math.prod(batch)
         wr = d.reduced_weights({k: jnp.asarray(v, x.dtype) for k, v in weights.items()})
         wr = jnp.concatenate([wr, jnp.zeros((1, *wr.shape[1:]), wr.dtype)])  # the out-of-range species' group
-        xf, sf = x.reshape(n, -1), species.reshape(n).astype(jnp.int32)
+        xf, sf = x.reshape(n, x.shape[-1]), species.reshape(n).astype(jnp.int32)  # no -1: zero rows
         if n == 0:
             out = jnp.zeros((0, d.irreps_out.dim), x.dtype)
         elif backend == "xla":

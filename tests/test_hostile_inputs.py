@@ -2,6 +2,7 @@
 still to come), checked for values on every backend here: indices -1, -2^31, N and 2^31 - 1
 contribute nothing; a 2,000-edge hub; an empty graph; zero nodes; zero rows."""
 
+import e3nn_jax as e3nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -57,3 +58,23 @@ def test_empty_graph_zero_nodes_and_zero_rows(backend):
     assert out.shape == (0, TP.irreps_out.dim)
     rows = TP(np.zeros((0, TP.irreps_in1.dim)), np.zeros((0, TP.irreps_in2.dim)), np.zeros((0, TP.weight_numel)), backend=backend)
     assert rows.shape == (0, TP.irreps_out.dim)
+
+
+@pytest.mark.parametrize("backend", ["xla", "pallas"])
+def test_zero_rows_of_the_other_operations(backend):
+    """Zero rows give empty outputs (and empty gradients) in the symmetric contraction, the
+    EAAS product, the species-indexed linear and attention: a ``reshape(0, -1)`` raised
+    ZeroDivisionError in the first two (benchmarks/sanitize_kernels.py found it)."""
+    sc = jequi.SymmetricContraction("4x0e+4x1o", "4x0e+4x1o", 2, 3)
+    w = sc.init_weights(jax.random.key(0))
+    x = jnp.zeros((0, sc.irreps_in.dim))
+    assert sc(x, jnp.zeros(0, jnp.int32), w, backend=backend).shape == (0, sc.irreps_out.dim)
+    gx = jax.grad(lambda x: jnp.sum(sc(x, jnp.zeros(0, jnp.int32), w, backend=backend)))(x)
+    assert gx.shape == x.shape
+    z = jequi.sh_tensor_product(e3nn.IrrepsArray("4x0e+4x1o", jnp.zeros((0, 16))), jnp.zeros((0, 3)), [0, 1, 2], backend=backend)
+    assert z.shape == (0, z.irreps.dim) and z.irreps.dim > 0
+    lin = jequi.IndexedLinear("4x0e+4x1o", "2x0e+2x1o", 3)
+    assert lin(jnp.zeros((0, 16)), jnp.zeros(0, jnp.int32), lin.init_weights(jax.random.key(1))).shape == (0, 8)
+    q = jnp.zeros((0, 2, 3))
+    out = jequi.neighbor_attention(q, jnp.ones((4, 2, 3)), jnp.ones((4, 2, 5)), jnp.zeros((0, 3), jnp.int32), backend=backend)
+    assert out.shape == (0, 2, 5)
