@@ -219,8 +219,9 @@ def train_step(config, structures, batch_size, params, padding: float):
     return fn, (params, b), info
 
 
-def kernel_breakdown(fn, args, calls: int = 5) -> dict:
-    """GPU time per call by :data:`KERNEL_CLASSES`, in ms, from a profile of `calls` calls."""
+def kernel_breakdown(fn, args, calls: int = 5, top: int = 8) -> dict:
+    """GPU time per call by :data:`KERNEL_CLASSES`, in ms, from a profile of `calls` calls, and
+    under ``"top kernels"`` the `top` kernels that took longest (name: ms per call)."""
     from jax.profiler import ProfileData
 
     with tempfile.TemporaryDirectory() as d:
@@ -229,7 +230,7 @@ def kernel_breakdown(fn, args, calls: int = 5) -> dict:
                 jax.block_until_ready(fn(*args))
         path = sorted(glob.glob(f"{d}/**/*.xplane.pb", recursive=True))[-1]
         profile = ProfileData.from_file(path)
-    total = collections.Counter()
+    total, kernels = collections.Counter(), collections.Counter()
     for plane in profile.planes:
         if not plane.name.startswith("/device:GPU"):
             continue
@@ -239,7 +240,10 @@ def kernel_breakdown(fn, args, calls: int = 5) -> dict:
             for ev in line.events:
                 cls = next(c for c, pattern in KERNEL_CLASSES if re.search(pattern, ev.name, re.I))
                 total[cls] += ev.duration_ns
-    return {c: total[c] / calls / 1e6 for c, _ in KERNEL_CLASSES}
+                kernels[ev.name[:80]] += ev.duration_ns
+    out = {c: total[c] / calls / 1e6 for c, _ in KERNEL_CLASSES}
+    out["top kernels"] = {name: ns / calls / 1e6 for name, ns in kernels.most_common(top)}
+    return out
 
 
 def measure(fn, args, profile: bool) -> dict:

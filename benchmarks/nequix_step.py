@@ -30,7 +30,7 @@ import pathlib
 import jax
 import jax.numpy as jnp
 import numpy as np
-from model_step import alloy, measure
+from model_step import KERNEL_CLASSES, alloy, measure
 from timing import save, versions
 
 from jequi.models import pretrained
@@ -135,6 +135,14 @@ def markdown(result) -> str:
         ratio = lambda peer: (f"{ms[(c['workload'], c['size'], peer)] / c['ms']:.2f}x" if ms.get((c["workload"], c["size"], peer)) else "")  # noqa: E731
         rows.append(f"| {c['workload']} | {c['atoms']} | {c['edges']} ({c['padded_edges']}) | {c['impl']} | {c['ms']:.2f} | "
                     f"{c['compile_s']:.0f} | {c['memory_gib'] or 0:.2f} | {ratio('nequix')} | {ratio('nequix-oeq')} |")  # fmt: skip
+    profiled = [c for c in cells if "profile_ms" in c]
+    if profiled:
+        rows += ["", "GPU time per call by kernel class (ms, profile), and the longest kernels:", "",
+                 "| workload | atoms | impl | " + " | ".join(c for c, _ in KERNEL_CLASSES) + " | longest kernels (ms) |",
+                 "|---|---|---|" + "---|" * (len(KERNEL_CLASSES) + 1)]  # fmt: skip
+        for c in profiled:
+            top = "; ".join(f"{k} {v:.2f}" for k, v in list(c["profile_ms"]["top kernels"].items())[:4])
+            rows.append(f"| {c['workload']} | {c['atoms']} | {c['impl']} | " + " | ".join(f"{c['profile_ms'][k]:.2f}" for k, _ in KERNEL_CLASSES) + f" | {top} |")
     return "\n".join([f"# nequix-oam-1 on {result['device']} ({result['date']})", "", f"versions: {result['versions']}", "",
                       "Energy + forces + stress (`efs`) and the fine-tuning step (`train`, energy + force + stress MAE "
                       "gradient); the same graph for every implementation, padded as Nequix's calculator pads. "
@@ -147,8 +155,12 @@ def main():
     ap.add_argument("--impls", default=",".join(IMPLS))
     ap.add_argument("--atoms", default="1000,4000,16000,64000", help="efs structure sizes")
     ap.add_argument("--train-atoms", default="1000,4000", help="fine-tuning step sizes")
+    ap.add_argument("--skip", default="", help="impl@workload@size cells not to run, comma list (e.g. nequix@efs@64000)")
+    ap.add_argument("--profile", default="", help="impl@workload@size cells to profile by kernel class, comma list")
+    ap.add_argument("--append", help="a results .json of this script whose cells the new ones join (a rerun cell replaces its old one)")
     ap.add_argument("--out", default=str(pathlib.Path(__file__).resolve().parent / "results"))
     a = ap.parse_args()
+    skip, profile = set(filter(None, a.skip.split(","))), set(filter(None, a.profile.split(",")))
     path = pretrained.WEIGHTS / f"{a.model}.nqx" if (pretrained.WEIGHTS / f"{a.model}.nqx").exists() else pathlib.Path(a.model)
     impls = a.impls.split(",")
     models = {"jequi": read_nqx(path)[:2]}
@@ -162,28 +174,30 @@ def main():
     dev = jax.devices()[0]
     result = {"date": datetime.date.today().isoformat(), "device": dev.device_kind, "model": a.model,
               "versions": versions("nequix", "e3nn-jax", "openequivariance"), "cells": []}  # fmt: skip
+    old = json.loads(pathlib.Path(a.append).read_text())["cells"] if a.append else []
     if result["versions"]["openequivariance"] is None and "nequix-oeq" in impls:  # run from its source tree: no metadata
         import openequivariance
 
         result["versions"]["openequivariance"] = getattr(openequivariance, "__version__", "unknown")
     # Nequix's package sets "highest" matmul precision when imported (no TF32); every impl here runs under it.
     jax.config.update("jax_default_matmul_precision", "highest")
-    for workload, sizes in (("efs", a.atoms), ("train", a.train_atoms)):
-        for size in [int(s) for s in sizes.split(",") if s]:
-            atoms = alloy(size)
-            for impl in impls:
-                cell = {"workload": workload, "size": size, "impl": impl}
-                try:
-                    fn, args, info = make_cell(impl, workload, atoms, models)
-                    cell.update(info)
-                    cell.update(measure(fn, args, False))
-                except Exception as exc:  # noqa: BLE001  (a failure or out of memory: recorded)
-                    cell["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
-                print(json.dumps(cell), flush=True)
-                result["cells"].append(cell)
-                save(result, f"nequix-{pathlib.Path(a.model).stem}", markdown(result), a.out)
-                jax.clear_caches()
-
+    runs = [(w, int(n), impl) for w, sizes in (("efs", a.atoms), ("train", a.train_atoms)) for n in sizes.split(",") if n
+            for impl in impls if f"{impl}@{w}@{n}" not in skip]  # fmt: skip
+    result["cells"] = [c for c in old if (c["workload"], c["size"], c["impl"]) not in runs]
+    for workload, size, impl in runs:
+        atoms = alloy(size)
+        cell = {"workload": workload, "size": size, "impl": impl}
+        try:
+            fn, args, info = make_cell(impl, workload, atoms, models)
+            cell.update(info)
+            cell.update(measure(fn, args, f"{impl}@{workload}@{size}" in profile))
+        except Exception as exc:  # noqa: BLE001  (a failure or out of memory: recorded)
+            cell["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+        print(json.dumps(cell), flush=True)
+        result["cells"].append(cell)
+        result["cells"].sort(key=lambda c: (c["workload"], c["size"], c["impl"]))
+        save(result, f"nequix-{pathlib.Path(a.model).stem}", markdown(result), a.out)
+        jax.clear_caches()
 
 if __name__ == "__main__":
     main()

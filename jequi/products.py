@@ -290,7 +290,7 @@ class TensorProduct:
         (rows ``(e, B) -> (e, H)``; None: the identity, ``hidden`` are the last hidden values);
         ``kernel (H, weight_numel)``: its last layer's matrix. The edges run in ``edge_chunks``
         chunks (default: enough that one chunk's weights hold at most
-        :data:`EDGE_CHUNK_VALUES` values); each chunk's hidden values and weights are computed,
+        :func:`edge_chunk_values`, an eighth of the GPU's memory); each chunk's hidden values and weights are computed,
         used and dropped, and recomputed for the backward (``jax.checkpoint``), so the memory
         of a model's largest graph is set by its ``B`` inputs a edge rather than
         ``weight_numel`` weights (or ``H`` hidden values) a edge. One chunk is plain
@@ -321,7 +321,7 @@ class TensorProduct:
         if jnp.shape(y)[0] != num_edges:  # before the chunks cut y (conv checks the rest)
             raise ValueError(f"y has {jnp.shape(y)[0]} rows but the graph has {num_edges} edges")
         if edge_chunks is None:
-            edge_chunks = -(-num_edges * self.weight_numel // EDGE_CHUNK_VALUES)
+            edge_chunks = -(-num_edges * self.weight_numel // edge_chunk_values(hidden.dtype))
         if not isinstance(edge_chunks, int) or edge_chunks < 1:
             raise ValueError(f"edge_chunks must be a positive int, got {edge_chunks!r}")
         edge_chunks = min(edge_chunks, max(num_edges, 1))
@@ -365,11 +365,23 @@ class TensorProduct:
         return self._irreps_array(out) if wrap else out
 
 
-# The most weights one chunk of :meth:`TensorProduct.radial_conv` holds (2**30 values, 4 GiB in
-# float32). Chunks cost time (benchmarks/results/2026-11-27-model-step-notes.md;
-# docs/tuning.md#radial_conv-edge_chunk_values), so graphs whose weights fit in one
-# chunk run unchunked; larger ones, where the weights would not fit on the GPU, pay it.
+# The weights one chunk of :meth:`TensorProduct.radial_conv` may hold: this fraction of the
+# device's memory (XLA's bytes_limit), or EDGE_CHUNK_VALUES values (4 GiB in float32) where the
+# device reports none (the CPU). Chunks cost time: the radial MLP's last layer runs again in the
+# backward (Nequix-oam-1 at 16k atoms, H200: 93.6 ms in 2 chunks of 2**30 values, 74.4 ms in one;
+# benchmarks/results/2026-12-02-nvidia-h200-nequix-nequix-oam-1.md,
+# docs/tuning.md#radial_conv-edge_chunk_values). An eighth leaves room for the weights'
+# cotangents and a training step's second-order arrays beside them.
+EDGE_CHUNK_FRACTION = 1 / 8
 EDGE_CHUNK_VALUES = 2**30
+
+
+def edge_chunk_values(dtype) -> int:
+    """The most weights one chunk of :meth:`TensorProduct.radial_conv` holds by default, for
+    weights of `dtype`: :data:`EDGE_CHUNK_FRACTION` of the default device's memory."""
+    stats = jax.devices()[0].memory_stats()
+    limit = (stats or {}).get("bytes_limit")
+    return int(limit * EDGE_CHUNK_FRACTION) // jnp.dtype(dtype).itemsize if limit else EDGE_CHUNK_VALUES
 
 
 def channelwise(irreps_in1, irreps_in2, filter_irreps_out, **kwargs) -> TensorProduct:
