@@ -327,6 +327,16 @@ def test_radial_conv_equals_conv_of_the_weights(radial_tp, backend, chunks, edge
             assert_close(a, b, 1e-10, f"{order}-order gradient in {name}")
 
 
+def test_edge_chunk_values_follow_the_device_memory(monkeypatch):
+    """An eighth of the device's memory in weights of the dtype; 2**30 values where the device
+    reports no limit (the CPU)."""
+    monkeypatch.setattr(jequi.products, "_bytes_limit", lambda: 112_583_507_968)  # the H200's
+    assert jequi.products.edge_chunk_values(jnp.float32) == 112_583_507_968 // 8 // 4
+    assert jequi.products.edge_chunk_values(jnp.float64) == 112_583_507_968 // 8 // 8
+    monkeypatch.setattr(jequi.products, "_bytes_limit", lambda: None)
+    assert jequi.products.edge_chunk_values(jnp.float32) == jequi.products.EDGE_CHUNK_VALUES == 2**30
+
+
 def test_radial_conv_chunk_rule_and_errors(radial_tp, monkeypatch):
     tp = radial_tp
     rng = np.random.default_rng(5)
