@@ -59,7 +59,7 @@ PRESETS = {
 
 def edges(atoms, cutoff):
     try:
-        from jequi.models.calculator import neighbour_edges
+        from jequi.models.data import neighbour_edges
 
         return neighbour_edges(atoms, cutoff)
     except ImportError:  # no vesin: ase's (slower) list

@@ -4,7 +4,7 @@ import sys, time
 sys.path.insert(0, "benchmarks")
 import e3nn_jax as e3nn, jax, jax.numpy as jnp, numpy as np
 from timing import median_ms
-from jequi import eaas
+from jequi import eaas, eaas_reference
 from jequi.drop_in import _filter_irreps
 from pallas_kernels import eaas as kern
 def natural(L, mul=1):
@@ -15,7 +15,7 @@ for L, C, rows in [(2, 128, 100000), (4, 64, 10000), (2, 128, 10000), (6, 64, 10
     rng = np.random.default_rng(0)
     x = jnp.asarray(rng.normal(size=(rows, irreps_x.dim)), jnp.float32)
     r = jnp.asarray(rng.normal(size=(rows, 3)), jnp.float32)
-    xla = jax.jit(lambda x, r: eaas._product(plan, x, *eaas.frame(r, plan.lmax, True), (rows,), jnp.float32))
+    xla = jax.jit(lambda x, r: eaas_reference.product(plan, x, *eaas_reference.frame(r, plan.lmax, True), (rows,), jnp.float32))
     ref = xla(x, r)
     line = f"L={L} C={C} rows={rows} out={plan.irreps_out.dim}: xla {median_ms(xla, (x, r)):.3f} ms"
     for rpp, warps in [(1, 4), (4, 4)]:

@@ -25,7 +25,8 @@ from timing import timed
 
 import jequi
 from jequi.models import NequIPConfig, data
-from jequi.models.train import errors, evaluate, make_batches, predict, train
+from jequi.models.loss import errors, predict
+from jequi.models.train import evaluate, make_batches, train
 
 
 def main():

@@ -57,7 +57,7 @@ import jequi
 from jequi.descriptor import layout_positions
 from jequi.models import MACEConfig, NequIP, NequIPConfig, data
 from jequi.models.nequip import energy_and_forces
-from jequi.models.train import errors
+from jequi.models.loss import errors
 
 MODELS = {
     "nequip-oam-l": NequIPConfig(hidden="128x0e+64x1o+32x2e+32x3o", sh_lmax=3, num_layers=4, radial_hidden=64),

@@ -34,7 +34,8 @@ from model_step import KERNEL_CLASSES, alloy, measure
 from timing import save, versions
 
 from jequi.models import pretrained
-from jequi.models.calculator import _evaluate, neighbour_edges
+from jequi.models.calculator import _evaluate
+from jequi.models.data import neighbour_edges
 from jequi.models.nequix import read_nqx
 
 IMPLS = ("jequi", "nequix", "nequix-oeq")

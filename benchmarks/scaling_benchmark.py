@@ -58,6 +58,7 @@ from timing import median_ms, save
 
 from jequi.models import NequIPConfig
 from jequi.models import distributed as dist
+from jequi.models import mesh as mesh_lib
 from jequi.models.decomposition import Decomposition, split
 
 SMOKE_MODEL = NequIPConfig(hidden="8x0e+4x1o+2x2e", sh_lmax=1, num_layers=2, num_basis=4, radial_hidden=8)
@@ -66,7 +67,7 @@ SMOKE_MODEL = NequIPConfig(hidden="8x0e+4x1o+2x2e", sh_lmax=1, num_layers=2, num
 def neighbour_list(atoms, cutoff):
     """vesin's radius graph (JequiCalculator's), or ase's where vesin is not installed."""
     if importlib.util.find_spec("vesin"):
-        from jequi.models.calculator import neighbour_edges
+        from jequi.models.data import neighbour_edges
 
         return neighbour_edges(atoms, cutoff)
     from jequi.atoms import radius_edges
@@ -122,7 +123,7 @@ def compute_alone(config: NequIPConfig, layout):
 def exchange_alone(layout, mesh, widths: list[int]):
     """The sharded step's collectives alone: positions and, for the exchange scheme, one array of
     each width in `widths` sent (forward) and their cotangents returned (backward)."""
-    spec = jax.sharding.PartitionSpec(dist.AXIS)
+    spec = jax.sharding.PartitionSpec(mesh_lib.AXIS)
 
     def f(sends, positions, *features):
         sends = tuple(s[0] for s in sends)
@@ -152,7 +153,7 @@ def measure_cell(config, params, structure: Structure, devices: int, scheme: str
     lay = shards.layout
     cell.update(grid=list(shards.grid), shifts=list(lay.shifts), padded={"owned": lay.owned, "ghosts": lay.ghosts, "edges": lay.edges},
                 real={k: v.tolist() for k, v in shards.counts.items()})  # fmt: skip
-    mesh = dist.device_mesh(devices)
+    mesh = mesh_lib.device_mesh(devices)
     arrays = dist.device_arrays(shards, mesh)
     t0 = time.perf_counter()
     compiled = dist.compiled(config, mesh).lower(lay, params, *arrays).compile()
@@ -189,7 +190,7 @@ def breakdown_cell(config, params, shards, mesh, arrays, step_ms) -> dict:
         per_device.append(median_ms(alone, args, repeat=3, calls=2))
     widths = conv_input_widths(config) if lay.scheme == "exchange" else []
     rng = np.random.default_rng(0)
-    split_ = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(dist.AXIS))
+    split_ = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(mesh_lib.AXIS))
     features = [jax.device_put(rng.normal(size=(lay.devices, lay.owned, w)).astype(np.float32), split_) for w in widths]
     comm = exchange_alone(lay, mesh, widths)
     comm_args = (arrays[7], arrays[1], *features)

@@ -9,8 +9,6 @@ JAX functions, the contract ``pallas_kernels`` shares). Backends ``"cuda"`` and
 ``"cuda-atomic"`` are :mod:`.ops` through :mod:`jequi.backends.kernels`.
 """
 
-import jequi  # noqa: F401  (first: jequi's backend registry imports this package's ops module)
-
 from . import schedule
 from .config import DEFAULT, Config
 from .ops import (

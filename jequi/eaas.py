@@ -20,7 +20,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import so2
+from . import eaas_autodiff, so2
+from .eaas_reference import frame, product
 from .drop_in import _filter_irreps, _regrouped, _reorder, _simplified_flags
 from .irreps import Irreps
 
@@ -137,64 +138,6 @@ def _vectors(vectors):
     return vectors, None
 
 
-def frame(vectors, lmax: int, normalize: bool = True):
-    """The frame of each vector: ``(D, norm)`` with ``D = [D_0, ..., D_lmax]`` the Wigner D matrices
-    of :func:`jequi.so2.edge_rotation` of ``r / |r|``, and ``norm`` the norm of the spherical
-    harmonics' argument (1, or 0 for ``r = 0``, if `normalize`; else ``|r|``): ``Y^l(r) =
-    norm^l D_l Y^l(+y)``."""
-    direction = so2.unit(vectors)
-    _, norm = so2.safe_directions(vectors, normalize)
-    return so2.wigner_d(so2.edge_rotation(direction), lmax), norm
-
-
-def _power(norm, l: int):
-    return None if l == 0 else norm**l
-
-
-def _product(plan: _Plan, x, ds, norm, leading, dtype):
-    """The EAAS product of the regrouped ``x`` in the frames ``ds`` (see :class:`_Plan`)."""
-    slices = plan.irreps_in.slices()
-    x_lead = x.shape[:-1]
-    rotated = {}
-    for l, blocks in plan.rotate_in:
-        parts = [x[..., slices[b]].reshape(*x_lead, plan.irreps_in[b].mul, 2 * l + 1) for b in blocks]
-        xl = parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=-2)
-        xt = xl if l == 0 else so2.rotate(xl, ds[l], transpose=True)  # D^T x
-        start = 0
-        for b, part in zip(blocks, parts):
-            rotated[b] = xt[..., start : start + part.shape[-2], :]
-            start += part.shape[-2]
-    powers = {}
-    outputs = []
-    for lo, pieces in plan.out:
-        chunks = []
-        for p in pieces:
-            mul = plan.irreps_in[p.block].mul
-            if p.coefficient is None:
-                chunks.append(jnp.zeros((*leading, mul * p.mul_f, 2 * lo + 1), dtype))
-                continue
-            li, k = plan.irreps_in[p.block].ir.l, len(p.coefficient) // 2
-            chunk = rotated[p.block][..., li - k : li + k + 1]  # static slices, reversal and padding:
-            if p.reverse:  # cheap to transpose, no gathers
-                chunk = chunk[..., ::-1]
-            chunk = chunk * jnp.asarray(p.coefficient, dtype)
-            if lo > k:
-                chunk = jnp.pad(chunk, [(0, 0)] * (chunk.ndim - 1) + [(lo - k, lo - k)])
-            if p.l_f not in powers:
-                powers[p.l_f] = _power(norm, p.l_f)
-            if powers[p.l_f] is not None:
-                chunk = chunk * powers[p.l_f][..., None, None]
-            if p.mul_f > 1:
-                chunk = jnp.repeat(chunk, p.mul_f, axis=-2)
-            chunks.append(jnp.broadcast_to(chunk, (*leading, *chunk.shape[-2:])))
-        yt = chunks[0] if len(chunks) == 1 else jnp.concatenate(chunks, axis=-2)
-        y = yt if lo == 0 else so2.rotate(yt, ds[lo], transpose=False)  # D y~
-        outputs.append(jnp.broadcast_to(y, (*leading, *y.shape[-2:])).reshape(*leading, y.shape[-2] * y.shape[-1]))  # no -1: zero rows
-    if not outputs:
-        return jnp.zeros((*leading, 0), dtype)
-    return outputs[0] if len(outputs) == 1 else jnp.concatenate(outputs, axis=-1)
-
-
 BACKENDS = ("xla", "pallas")
 
 
@@ -202,15 +145,13 @@ BACKENDS = ("xla", "pallas")
 def _run(plan: _Plan, x, vectors, normalize: bool, leading: tuple, dtype, backend: str):
     """Frames and product as one compiled function (op-by-op dispatch would compile each op)."""
     if backend == "pallas" and plan.irreps_out.dim > 0 and int(np.prod(leading)) > 0:
-        from . import eaas_autodiff  # the kernels import this module
-
         rows = int(np.prod(leading))
         x = jnp.broadcast_to(x, (*leading, x.shape[-1])).reshape(rows, -1)
         r = jnp.broadcast_to(vectors, (*leading, 3)).reshape(rows, 3)
         z = eaas_autodiff.fused_product(eaas_autodiff.Spec(plan, normalize), x, r)
         return z.reshape(*leading, -1)
     ds, norm = frame(vectors, plan.lmax, normalize)
-    return _product(plan, x, ds, norm, leading, dtype)
+    return product(plan, x, ds, norm, leading, dtype)
 
 
 def sh_tensor_product(x, vectors, irreps_sh, *, filter_ir_out=None, normalize: bool = True, backend: str = "xla"):

@@ -9,7 +9,7 @@ The two linear primitives are each other's transpose, so ``jax.grad`` runs the b
 ``jax.jvp`` the tangent kernel, and reverse of reverse (force training) transposes the
 backward's ``g``-linear part into the tangent kernel. The part of a second derivative that
 differentiates the kernels in ``(x, r)`` themselves is autodiff of the XLA product
-(:func:`jequi.eaas._product`): correct at every order, at XLA's speed. ``vmap`` folds the batch
+(:func:`jequi.eaas_reference.product`): correct at every order, at XLA's speed. ``vmap`` folds the batch
 into the rows.
 """
 
@@ -24,7 +24,7 @@ from jax.interpreters import ad, batching, mlir
 
 from pallas_kernels import eaas as kernels
 
-from . import eaas
+from . import eaas_reference
 from .tangents import instantiate, nonzero
 
 
@@ -45,8 +45,8 @@ class Spec:
 
 
 def _reference(spec: Spec, x, r):
-    ds, norm = eaas.frame(r, spec.plan.lmax, spec.normalize)
-    return eaas._product(spec.plan, x, ds, norm, (x.shape[0],), x.dtype)
+    ds, norm = eaas_reference.frame(r, spec.plan.lmax, spec.normalize)
+    return eaas_reference.product(spec.plan, x, ds, norm, (x.shape[0],), x.dtype)
 
 
 forward_p = core.Primitive("jequi_eaas")

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import so2
-from .eaas import frame
+from .eaas_reference import frame
 from .irreps import Irreps, as_irreps
 from .products import TensorProduct, fully_connected
 

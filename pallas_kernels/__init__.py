@@ -6,8 +6,6 @@ functions, the contract ``ffi`` shares), :mod:`.config` (the knobs, one frozen v
 :mod:`.heuristics` (the rules that pick them per problem), :mod:`.lowering` (where the kernels
 run). Backend ``"pallas"`` is :mod:`.ops` through :mod:`jequi.backends.kernels`."""
 
-import jequi  # noqa: F401  (first: jequi's backend registry imports this package's ops module)
-
 from .config import DEFAULT, Config
 from .lowering import on_gpu
 from .ops import (

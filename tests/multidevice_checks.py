@@ -25,6 +25,7 @@ from jequi.graph import Graph  # noqa: E402
 from jequi.models import JequiCalculator, MACEConfig, NequIP, NequIPConfig, NequixConfig, ase_nve, data  # noqa: E402
 from jequi.models import calculator as single  # noqa: E402
 from jequi.models import distributed as dist  # noqa: E402
+from jequi.models import mesh as mesh_lib  # noqa: E402
 from jequi.models.decomposition import SCHEMES, Decomposition  # noqa: E402
 from jequi.models.train import train  # noqa: E402
 
@@ -66,7 +67,7 @@ STRUCTURES = {"periodic": (periodic, None), "open": (open_cluster, None), "plane
 
 def model_params():
     atoms = periodic()
-    s, r, sh = single.neighbour_edges(atoms, CONFIG.cutoff)
+    s, r, sh = data.neighbour_edges(atoms, CONFIG.cutoff)
     g = Graph.build(s, r, len(atoms), shifts=sh)
     p = NequIP(CONFIG).init(jax.random.key(0), jnp.asarray(CONFIG.species_index(atoms.numbers)), jnp.asarray(atoms.positions), g,
                             jnp.asarray(atoms.cell.array))  # fmt: skip
@@ -85,7 +86,7 @@ NEQUIX_CONFIG = NequixConfig(species=(29, 79), cutoff=4.5, hidden="4x0e+2x1o+2x2
 def reference(params, atoms, config=CONFIG):
     """Single-device energy, per-atom energies, forces and virial (the calculator's function)."""
     n = len(atoms)
-    s, r, sh = single.neighbour_edges(atoms, config.cutoff)
+    s, r, sh = data.neighbour_edges(atoms, config.cutoff)
     pad = EDGES_PAD - len(s)
     species = np.zeros(ATOMS_PAD, np.int32)
     species[:n] = config.species_index(atoms.numbers)
@@ -117,7 +118,7 @@ def check_structures(params):
         for scheme in SCHEMES:
             dec = Decomposition(4, scheme, grid, min_atoms=ATOMS_PAD, min_edges=EDGES_PAD)
             shards = dist.split_atoms(atoms, CONFIG, dec)
-            result = dist.evaluate(params, CONFIG, shards, dist.device_mesh(4), jnp.float64)
+            result = dist.evaluate(params, CONFIG, shards, mesh_lib.device_mesh(4), jnp.float64)
             key = f"{name}/{scheme}/4"
             out[key] = deviations(result, ref) | {
                 "atoms": len(atoms), "grid": list(shards.grid), "owned": shards.counts["owned"].tolist(),
@@ -140,7 +141,7 @@ def check_split_model(config, seed: int):
     for scheme in SCHEMES:
         dec = Decomposition(4, scheme, None, min_atoms=ATOMS_PAD, min_edges=EDGES_PAD)
         shards = dist.split_atoms(atoms, config, dec)
-        out[scheme] = deviations(dist.evaluate(params, config, shards, dist.device_mesh(4), jnp.float64), ref)
+        out[scheme] = deviations(dist.evaluate(params, config, shards, mesh_lib.device_mesh(4), jnp.float64), ref)
     return out
 
 
@@ -214,7 +215,7 @@ def check_calculator_and_main():
 
 def check_chunked_conv():
     """``radial_conv`` in edge chunks (what large structures run) inside ``shard_map`` as the
-    models call it (``check_vma=dist.CHECK_VMA``), each device its own graph, against the
+    models call it (``check_vma=mesh_lib.CHECK_VMA``), each device its own graph, against the
     unchunked conv on one device; xla and the Pallas kernels (a ``pallas_call`` inside)."""
     import jequi
     from jax.sharding import NamedSharding
@@ -225,7 +226,7 @@ def check_chunked_conv():
     x, y, h = (rng.normal(size=(4, m, d)) for m, d in ((n, tp.irreps_in1.dim), (e, tp.irreps_in2.dim), (e, 3)))
     kernel = rng.normal(size=(3, tp.weight_numel))
     s, r = rng.integers(0, n, (4, e)), np.sort(rng.integers(0, n, (4, e)), axis=1)
-    mesh = dist.device_mesh(4)
+    mesh = mesh_lib.device_mesh(4)
     axis = mesh.axis_names[0]
 
     put = lambda a, spec: jax.device_put(jnp.asarray(a), NamedSharding(mesh, spec))  # noqa: E731
@@ -237,7 +238,7 @@ def check_chunked_conv():
         def conv(x, y, h, s, r, k, backend=backend):
             return tp.radial_conv(x[0], y[0], h[0], k, Graph.build(s[0], r[0], n), edge_chunks=3, backend=backend)[None]
 
-        sharded = jax.shard_map(conv, mesh=mesh, in_specs=(P(axis),) * 5 + (P(),), out_specs=P(axis), check_vma=dist.CHECK_VMA)
+        sharded = jax.shard_map(conv, mesh=mesh, in_specs=(P(axis),) * 5 + (P(),), out_specs=P(axis), check_vma=mesh_lib.CHECK_VMA)
         out[backend] = float(np.abs(np.asarray(jax.jit(sharded)(*args)) - ref).max() / np.abs(ref).max())
     return out
 

@@ -18,7 +18,7 @@ import pytest
 from ase.build import bulk
 
 from jequi.models import NequIPConfig
-from jequi.models.calculator import neighbour_edges
+from jequi.models.data import neighbour_edges
 from jequi.models.decomposition import Decomposition, choose_grid, regions, split
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -139,7 +139,7 @@ def test_halo_reaches_num_layers_cutoffs_and_exchange_one():
 
 
 def test_padding_follows_buckets():
-    from jequi.models.calculator import bucket
+    from jequi.models.data import bucket
 
     atoms = _alloy()
     dec = Decomposition(3, "exchange", growth=1.5, min_atoms=4, min_edges=16)
@@ -214,7 +214,7 @@ def test_bad_split_inputs_are_clear_errors():
 def test_more_devices_than_jax_has_is_a_clear_error():
     import jax
 
-    from jequi.models.distributed import device_mesh
+    from jequi.models.mesh import device_mesh
 
     with pytest.raises(ValueError, match=f"{len(jax.devices()) + 1} devices requested but JAX sees"):
         device_mesh(len(jax.devices()) + 1)

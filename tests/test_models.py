@@ -15,7 +15,8 @@ from scipy.spatial.transform import Rotation
 
 import jequi
 from jequi.models import NequIP, NequIPConfig, data, nequip_haiku
-from jequi.models.train import errors, make_batches
+from jequi.models.loss import errors
+from jequi.models.train import make_batches
 
 CONFIG = NequIPConfig(hidden="4x0e+2x1o+2x2e", num_basis=4, radial_hidden=8, cutoff=3.8)
 
@@ -218,3 +219,19 @@ def test_chunked_forces_keep_no_per_edge_weights_or_hidden_values():
     chunked, whole = compiled(*f32), evaluate(dataclasses.replace(config, edge_chunks=1), *f32)
     for a, b in zip(chunked, whole):
         assert_close(a, b, 1e-5)
+
+
+def test_every_architecture_meets_the_interface():
+    """NequIP, MACE and Nequix meet the whole interface the calculator, MD, sharding and
+    training call; E2Former all but ``energies`` on a radius graph (it runs on its own
+    neighbour lists: training only)."""
+    from jequi.models import E2FormerConfig, MACEConfig, NequIPConfig
+    from jequi.models.architecture import Architecture
+    from jequi.models.pretrained import load_any
+
+    configs = [NequIPConfig(), MACEConfig(), load_any("nequix-oam-1")[1]]
+    for config in configs:
+        assert isinstance(config, Architecture), type(config).__name__
+    e2former = E2FormerConfig()
+    assert not isinstance(e2former, Architecture) and not hasattr(e2former, "energies")
+    assert all(hasattr(e2former, m) for m in ("species_index", "module", "init_params", "with_species_energies", "prepare_batches"))

@@ -19,7 +19,7 @@ import pytest
 from ase.build import add_adsorbate, bulk, fcc111, molecule
 
 from jequi.models import DeviceMD, JequiCalculator, NequixConfig, nequix, pretrained
-from jequi.models.calculator import neighbour_edges
+from jequi.models.data import neighbour_edges
 
 _precision = jax.config.jax_default_matmul_precision
 import equinox as eqx  # noqa: E402

@@ -20,7 +20,7 @@ import jequi
 from jequi.atoms import radius_edges
 from jequi.models import DeviceMD, JequiCalculator, NequIP, NequIPConfig, ase_nve, bucket, data, neighbour_edges
 from jequi.models.md import CellList, thermalize
-from jequi.models.train import predict
+from jequi.models.loss import predict
 
 CONFIG = NequIPConfig(hidden="4x0e+2x1o+2x2e", num_basis=4, radial_hidden=8, cutoff=3.0)
 

@@ -25,16 +25,11 @@ another's backward ones, for A/B runs) and :func:`register` them to call them by
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import MutableMapping
 from types import ModuleType
 from typing import Callable
 
 import jax
-
-# The kernel packages' ops modules, not their packages: those import jequi's core modules, so
-# importing them first (``import ffi`` before ``import jequi``) must not need this registry done.
-from ffi import ops as ffi_ops
-from ffi import schedule as ffi_schedule
-from pallas_kernels import ops as pallas_ops
 
 from . import kernels, xla
 
@@ -64,17 +59,52 @@ def _kernel_backend(name: str, package, config, supports_kahan: bool = False) ->
     return Backend(name, **kernels.functions(package, config), supports_kahan=supports_kahan, package=package, config=config)
 
 
-BACKENDS: dict[str, Backend] = {
-    "xla": Backend(
-        "xla", xla.forward, xla.backward, xla.conv_forward, xla.conv_backward, second=xla.second, conv_second=xla.conv_second
-    ),
-    # On CPU the Pallas kernels run in interpret mode: available (for tests), never the default.
-    "pallas": _kernel_backend("pallas", pallas_ops, pallas_ops.DEFAULT, supports_kahan=True),
-    # GPU only (never the interpreter): CUDA kernels through the XLA FFI, channelwise products.
-    "cuda": _kernel_backend("cuda", ffi_ops, ffi_ops.DEFAULT),
-    # opt-in, since its conv's gx is not bitwise reproducible
-    "cuda-atomic": _kernel_backend("cuda-atomic", ffi_ops, ffi_ops.Config(atomic_conv_backward=True)),
-}
+class _Registry(MutableMapping):
+    """The backends by name. The kernel packages' backends join it on its first use, not when
+    jequi is imported: the kernel packages import jequi's core, so ``import ffi``,
+    ``import pallas_kernels`` and ``import jequi`` work in any order and none imports the
+    others' kernels it does not use."""
+
+    def __init__(self, **backends: Backend):
+        self._backends = dict(backends)
+        self._loaded = False
+
+    def _all(self) -> dict[str, Backend]:
+        if not self._loaded:
+            self._loaded = True
+            from ffi import ops as ffi_ops
+            from pallas_kernels import ops as pallas_ops
+
+            kernel_backends = {
+                # On CPU the Pallas kernels run in interpret mode: available (for tests), never the default.
+                "pallas": _kernel_backend("pallas", pallas_ops, pallas_ops.DEFAULT, supports_kahan=True),
+                # GPU only (never the interpreter): CUDA kernels through the XLA FFI, channelwise products.
+                "cuda": _kernel_backend("cuda", ffi_ops, ffi_ops.DEFAULT),
+                # opt-in, since its conv's gx is not bitwise reproducible
+                "cuda-atomic": _kernel_backend("cuda-atomic", ffi_ops, ffi_ops.Config(atomic_conv_backward=True)),
+            }
+            self._backends = {**self._backends, **{k: v for k, v in kernel_backends.items() if k not in self._backends}}
+        return self._backends
+
+    def __getitem__(self, name: str) -> Backend:
+        return self._all()[name]
+
+    def __setitem__(self, name: str, backend: Backend):
+        self._all()[name] = backend
+
+    def __delitem__(self, name: str):
+        del self._all()[name]
+
+    def __iter__(self):
+        return iter(self._all())
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+
+BACKENDS: MutableMapping[str, Backend] = _Registry(
+    xla=Backend("xla", xla.forward, xla.backward, xla.conv_forward, xla.conv_backward, second=xla.second, conv_second=xla.conv_second)
+)
 
 
 def configured(name: str, config) -> Backend:
@@ -175,8 +205,10 @@ def default_backend(desc=None, shared_weights: bool = False, conv: bool = False)
         return "xla"
     if desc is None:
         return "pallas"
+    from ffi import schedule  # the cuda backend's footprint (the registry loads ffi on first use)
+
     runs = _cuda_runs(desc)
-    if conv and runs and ffi_schedule.backward_footprint(desc) <= CUDA_FOOTPRINT and min(p.mul_in1 for p in desc.active_paths) >= CUDA_CONV_MIN_CHANNELS:
+    if conv and runs and schedule.backward_footprint(desc) <= CUDA_FOOTPRINT and min(p.mul_in1 for p in desc.active_paths) >= CUDA_CONV_MIN_CHANNELS:
         return "cuda"
     try:
         BACKENDS["pallas"].check(desc)

@@ -1,7 +1,8 @@
 """Interatomic potentials built on jequi: :mod:`jequi.models.nequip`, :mod:`jequi.models.mace`,
 :mod:`jequi.models.nequix`, :mod:`jequi.models.e2former`."""
 
-from .calculator import JequiCalculator, bucket, neighbour_edges
+from .calculator import JequiCalculator
+from .data import bucket, neighbour_edges
 from .distributed import ShardedCalculator
 from .e2former import E2Former, E2FormerConfig, Neighbors, neighbor_list, neighbors_from_atoms, neighbors_from_graph
 from .mace import MACE, MACEConfig, from_mace_jax, from_mace_torch

@@ -9,6 +9,7 @@ and their alloys): no downloads. Any ase-readable file with energies and forces 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
@@ -16,6 +17,36 @@ import numpy as np
 
 from ..atoms import radius_edges
 from ..graph import Graph
+
+
+def neighbour_edges(atoms, cutoff: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Radius-graph edges of `atoms` from vesin: ``(senders, receivers, shifts)`` with an edge
+    ``j -> i`` for every neighbour ``j`` of ``i`` within `cutoff` (Å), periodic images included,
+    and integer cell shifts ``S`` so that the edge vector is ``pos[j] - pos[i] + S @ cell``
+    (the convention of :func:`jequi.atoms.radius_edges`, which uses ase's slower list)."""
+    from vesin import NeighborList
+
+    if not cutoff > 0:
+        raise ValueError(f"cutoff must be positive, got {cutoff!r}")
+    pbc = np.asarray(atoms.pbc, bool)
+    cell = np.asarray(atoms.cell.array, np.float64)
+    if pbc.any() and np.linalg.matrix_rank(cell[pbc]) < pbc.sum():
+        raise ValueError(f"periodic directions {pbc.tolist()} need a non-degenerate cell, got {cell.tolist()}")
+    i, j, shifts = NeighborList(cutoff=float(cutoff), full_list=True).compute(
+        points=np.asarray(atoms.positions, np.float64), box=cell, periodic=pbc.tolist(), quantities="ijS"
+    )
+    return j.astype(np.int32), i.astype(np.int32), shifts.astype(np.float64)
+
+
+def bucket(n: int, minimum: int = 16, growth: float = 1.25) -> int:
+    """The smallest size of the geometric sequence ``minimum, ceil(minimum * growth), ...`` that
+    is at least `n`: arrays padded to it compile once per bucket, not once per size."""
+    if growth <= 1:
+        raise ValueError(f"growth must be > 1, got {growth!r}")
+    size = max(1, int(minimum))
+    while size < n:
+        size = max(size + 1, math.ceil(size * growth))
+    return size
 
 EMT_METALS = ("Al", "Ni", "Cu", "Pd", "Ag", "Pt", "Au")
 
@@ -126,12 +157,11 @@ class Batch:
 
 def structure_edges(structures: list[Structure], cutoff: float) -> list[tuple]:
     """Each structure's radius-graph edges ``(senders, receivers, shifts)`` as host arrays:
-    vesin's neighbour list (:func:`jequi.models.calculator.neighbour_edges`, ~50x faster on
+    vesin's neighbour list (:func:`neighbour_edges`, ~50x faster on
     small cells), or ase's (:func:`jequi.atoms.radius_edges`, the same edges) where vesin is
     not installed (a GPU image without it)."""
     import importlib.util
 
-    from .calculator import neighbour_edges
 
     edges = neighbour_edges if importlib.util.find_spec("vesin") else radius_edges
     return [edges(s.to_atoms(), cutoff) for s in structures]

@@ -19,9 +19,9 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from .data import Batch, Structure, batch, structure_edges
-from .distributed import AXIS, CHECK_VMA, device_mesh
+from .mesh import AXIS, CHECK_VMA, device_mesh
 from .nequip import NequIPConfig
-from .train import errors
+from .loss import errors
 
 
 def sharded_batches(structures: list[Structure], config: NequIPConfig, batch_size: int, devices: int) -> list[Batch]:
@@ -46,13 +46,12 @@ def sharded_batches(structures: list[Structure], config: NequIPConfig, batch_siz
         for part in parts:
             b = batch([structures[i] for i in part], config, n_node, n_edge, [edges[i] for i in part], num_graphs)
             subs.append(dataclasses.replace(b, graph=dataclasses.replace(b.graph, edges_sorted=False)))
-    if hasattr(config, "prepare_batches"):  # another model's graph structure, one shape for all (E2Former: Neighbors)
-        subs = config.prepare_batches(subs)
+    subs = config.prepare_batches(subs)  # the model's graph form, one shape for all (E2Former: Neighbors)
     return [jax.tree.map(lambda *leaves: jnp.stack(leaves), *subs[i : i + devices]) for i in range(0, len(subs), devices)]
 
 
 def sharded_loss_and_grad(params, config: NequIPConfig, b: Batch, energy_weight=1.0, force_weight=1.0):
-    """Inside ``shard_map`` over :data:`~jequi.models.distributed.AXIS` (each leaf of `b` with a
+    """Inside ``shard_map`` over :data:`~jequi.models.mesh.AXIS` (each leaf of `b` with a
     leading axis of one): ``(grads, metrics)`` of the whole batch's loss, summed over devices."""
     b = jax.tree.map(lambda a: a[0], b)
     num_graphs = jax.lax.psum(jnp.sum(b.num_atoms > 0), AXIS).astype(b.positions.dtype)

@@ -19,7 +19,7 @@ Two schemes (:data:`SCHEMES`), told apart by how deep the ghosts reach in the ra
 
 In both, positions are sent once at the start and the ghosts' forces return to their owners
 by the transpose of that send. Sizes are padded to geometric buckets
-(:func:`jequi.models.calculator.bucket`), so molecular dynamics recompiles only when a device's
+(:func:`jequi.models.data.bucket`), so molecular dynamics recompiles only when a device's
 atom, ghost or edge count leaves its bucket.
 """
 
@@ -31,7 +31,7 @@ import math
 
 import numpy as np
 
-from .calculator import bucket
+from .data import bucket
 
 SCHEMES = ("exchange", "halo")
 

@@ -28,26 +28,12 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from ..graph import Graph
-from .calculator import calculator_model, calculator_results, check_stress_request, load_model, neighbour_edges
+from .calculator import calculator_model, calculator_results, check_stress_request, load_model
+from .data import neighbour_edges
 from .decomposition import Decomposition, Layout, Shards, split
+from .mesh import AXIS, CHECK_VMA, device_mesh
 from .nequip import NequIPConfig
 
-AXIS = "atoms"
-
-
-def device_mesh(devices: int | None = None) -> Mesh:
-    """A 1-D mesh (axis :data:`AXIS`) of the first `devices` devices (None: all of them)."""
-    available = jax.devices()
-    devices = len(available) if devices is None else devices
-    if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
-        raise ValueError(f"devices must be a positive int, got {devices!r}")
-    if devices > len(available):
-        raise ValueError(
-            f"{devices} devices requested but JAX sees {len(available)} ({available[0].platform}); on a CPU, set "
-            f"XLA_FLAGS=--xla_force_host_platform_device_count={devices} (or jax.config.update('jax_num_cpu_devices', "
-            f"{devices})) before JAX starts"
-        )
-    return Mesh(np.array(available[:devices]), (AXIS,))
 
 
 def exchange(layout: Layout, sends, values):
@@ -90,11 +76,6 @@ def _sharded(config: NequIPConfig, layout: Layout, params, species, positions, c
     return jax.lax.psum(e, AXIS), per_atom[None], -grad[None], jax.lax.psum(virial, AXIS)
 
 
-# The kernels' custom calls (pallas_call, ffi_call) give outputs with no varying-axes type, which
-# shard_map's type check rejects; nothing here needs it: each device differentiates its own
-# energy, and only results are summed (psum) or sent (ppermute). Passed to every shard_map here
-# and in data_parallel; tests/multidevice_checks.py runs the Pallas kernels inside one.
-CHECK_VMA = False
 
 
 def _evaluate(config: NequIPConfig, mesh: Mesh, layout: Layout, params, species, positions, cell, senders, receivers, shifts, atom_mask, sends):

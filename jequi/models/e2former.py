@@ -60,7 +60,8 @@ import numpy as np
 from ..attention import neighbor_attention
 from ..attention.heads import head_irreps, merge_heads, split_heads
 from ..eaas import sh_tensor_product
-from .calculator import bucket
+from .architecture import with_species_shift
+from .data import bucket
 from .nequip import _linear, _normal_init, species_index
 
 
@@ -94,6 +95,10 @@ class E2FormerConfig:
     def init_params(self, key, species, positions, neighbors, cell=None):
         """:func:`init_params` (what :func:`jequi.models.train.train` calls for this config)."""
         return init_params(self, key, species, positions, neighbors, cell)
+
+    def with_species_energies(self, params, energies) -> dict:
+        """`params` with ``species_shift`` set to `energies` (:func:`jequi.models.train.train`'s fit)."""
+        return with_species_shift(params, energies)
 
     def prepare_batches(self, batches):
         """:class:`~jequi.models.data.Batch` es with their ``graph`` replaced by a

@@ -43,6 +43,7 @@ from ..indexed_linear import IndexedLinear
 from ..products import TensorProduct, channelwise
 from ..symmetric import SymmetricContraction
 from ..symmetric_basis import torch_wigner_3j
+from .architecture import RadiusGraphModel
 from .named import flat_parameters, init_named, with_parameter
 from .nequip import species_index
 
@@ -53,7 +54,7 @@ TORCH_SILU_SCALE = 1.679176792399
 
 
 @dataclasses.dataclass(frozen=True)
-class MACEConfig:
+class MACEConfig(RadiusGraphModel):
     """Hyper-parameters; the defaults are MACE-MP-0 "medium" (89 elements, 4.69 M parameters).
 
     ``species``: atomic numbers in index order (mace-torch's ``atomic_numbers``);

@@ -27,6 +27,7 @@ import numpy as np
 from ..atoms import edge_vectors
 from ..graph import Graph
 from ..products import TensorProduct, channelwise
+from .architecture import RadiusGraphModel, with_species_shift
 
 
 def species_index(species, numbers) -> np.ndarray:
@@ -40,7 +41,7 @@ def species_index(species, numbers) -> np.ndarray:
 
 
 @dataclasses.dataclass(frozen=True)
-class NequIPConfig:
+class NequIPConfig(RadiusGraphModel):
     """Hyper-parameters. ``species``: the atomic numbers the model knows, in index order."""
 
     species: tuple[int, ...] = (13, 28, 29, 46, 47, 78, 79)  # Al Ni Cu Pd Ag Pt Au (EMT's metals)
@@ -70,6 +71,17 @@ class NequIPConfig:
         has the same)."""
         named = model_parameters(params)
         return atomic_energies(lambda name, shape, std: named[name], self, species, positions, graph, cell, exchange)
+
+    def module(self) -> NequIP:
+        return NequIP(self)
+
+    def init_params(self, key, species, positions, graph, cell=None) -> dict:
+        """The linen model's ``{"params": ...}``, initialised on one batch's arrays."""
+        return NequIP(self).init(key, species, positions, graph, cell)
+
+    def with_species_energies(self, params, energies) -> dict:
+        """`params` with ``species_shift`` set to `energies` (:func:`train`'s fit)."""
+        return with_species_shift(params, energies)
 
 
 def model_parameters(params) -> dict:

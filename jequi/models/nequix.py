@@ -45,6 +45,7 @@ import numpy as np
 from ..atoms import edge_vectors
 from ..graph import Graph
 from ..products import channelwise
+from .architecture import RadiusGraphModel
 from .named import flat_parameters, init_named, with_parameter
 from .nequip import species_index
 
@@ -53,7 +54,7 @@ MP_SPECIES = tuple(range(1, 84)) + tuple(range(89, 95))
 
 
 @dataclasses.dataclass(frozen=True)
-class NequixConfig:
+class NequixConfig(RadiusGraphModel):
     """Hyper-parameters; the defaults are the released Nequix models' (``nequix-mp-1``,
     ``nequix-oam-1``: 4 layers, ``128x0e+64x1o+32x2e+32x3o``, r_max 6 Å).
 

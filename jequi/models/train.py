@@ -1,4 +1,4 @@
-"""Training a :class:`~jequi.models.NequIP` model on energies and forces with optax.
+"""Training any architecture (:class:`jequi.models.architecture.Architecture`: NequIP, MACE, Nequix, E2Former) on energies and forces with optax.
 
 The force loss differentiates ``-dE/dpositions`` with respect to the parameters: a second
 derivative of every convolution, which jequi evaluates with the seven-op rule.
@@ -15,44 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from .data import Batch, Structure, batch, structure_edges
-from .nequip import NequIP, NequIPConfig
-
-
-def _module(config):
-    """The Flax module of `config`: :class:`NequIP`, or ``config.module()`` for another model
-    (:class:`jequi.models.E2FormerConfig`), which then also supplies ``init_params`` and
-    ``prepare_batches`` (its batches' ``graph``: the model's own neighbour structure)."""
-    return config.module() if hasattr(config, "module") else NequIP(config)
-
-
-def predict(params, config: NequIPConfig, b: Batch):
-    """Per-structure energies ``(num_graphs,)`` and forces ``(n_node, 3)`` of a batch."""
-    model = _module(config)
-    num_graphs = b.energy.shape[0]
-
-    def total(positions):
-        e = jnp.where(b.node_mask, model.apply(params, b.species, positions, b.graph, b.cell), 0.0)
-        return e.sum(), e
-
-    (_, per_atom), grad = jax.value_and_grad(total, has_aux=True)(b.positions)
-    energies = jax.ops.segment_sum(per_atom, b.node_graph, num_graphs + 1)[:num_graphs]
-    return energies, -grad
-
-
-def errors(params, config, b: Batch, energy_weight: float = 1.0, force_weight: float = 1.0, num_graphs=None, num_atoms=None):
-    """``(loss, metrics)``: weighted MSE of energy per atom and force components; MAEs. Padding
-    structures (``num_atoms == 0``, :func:`~jequi.models.data.batch`'s ``n_graph``) count for
-    nothing. The means divide by `num_graphs` structures and `num_atoms` atoms, by default the
-    batch's own; data-parallel training passes the whole batch's, so that the devices' losses sum
-    to it (:mod:`jequi.models.data_parallel`)."""
-    energies, forces = predict(params, config, b)
-    real = b.num_atoms > 0
-    de = jnp.where(real, (energies - b.energy) / jnp.where(real, b.num_atoms, 1), 0.0)
-    df = (forces - b.forces) * b.node_mask[:, None]
-    num_graphs = jnp.sum(real) if num_graphs is None else num_graphs
-    n = 3 * (jnp.sum(b.node_mask) if num_atoms is None else num_atoms)
-    loss = energy_weight * jnp.sum(de**2) / num_graphs + force_weight * jnp.sum(df**2) / n
-    return loss, {"loss": loss, "energy_mae": jnp.sum(jnp.abs(de)) / num_graphs, "force_mae": jnp.sum(jnp.abs(df)) / n}
+from .loss import errors
+from .nequip import NequIPConfig
 
 
 def fit_species_shift(config: NequIPConfig, structures: list[Structure]) -> np.ndarray:
@@ -79,9 +43,7 @@ def make_batches(structures, config, batch_size: int):
     # field): one value for all keeps them one compilation.
     if len({b.graph.edges_sorted for b in batches}) > 1:
         batches = [dataclasses.replace(b, graph=dataclasses.replace(b.graph, edges_sorted=False)) for b in batches]
-    if hasattr(config, "prepare_batches"):  # another model's graph structure (E2Former: Neighbors)
-        batches = config.prepare_batches(batches)
-    return batches
+    return config.prepare_batches(batches)  # the model's graph form (E2Former: Neighbors)
 
 
 @dataclasses.dataclass
@@ -151,7 +113,7 @@ def train(
 
     if devices > 1:
         from . import data_parallel
-        from .distributed import device_mesh
+        from .mesh import device_mesh
 
         mesh = device_mesh(devices)
         batches = [data_parallel.put(b, mesh) for b in data_parallel.sharded_batches(train_set, config, batch_size, devices)]
@@ -160,16 +122,8 @@ def train(
     val_batches = make_batches(val_set, config, batch_size) if val_set else []
     if params is None:
         b = batches[0] if devices == 1 else jax.tree.map(lambda a: a[0], batches[0])
-        if hasattr(config, "init_params"):
-            params = config.init_params(jax.random.key(seed), b.species, b.positions, b.graph, b.cell)
-        else:
-            params = NequIP(config).init(jax.random.key(seed), b.species, b.positions, b.graph, b.cell)
-        shift = fit_species_shift(config, train_set)
-        if hasattr(config, "with_species_energies"):  # MACE: its E0s
-            params = config.with_species_energies(params, shift)
-        else:
-            shift = jnp.asarray(shift, params["params"]["species_shift"].dtype)
-            params = {"params": {**params["params"], "species_shift": shift}}
+        params = config.init_params(jax.random.key(seed), b.species, b.positions, b.graph, b.cell)
+        params = config.with_species_energies(params, fit_species_shift(config, train_set))
     optimizer = optax.inject_hyperparams(optax.adam)(learning_rate=learning_rate)
     opt_state = optimizer.init(params)
     if devices > 1:  # on every device, as each step returns them: the step compiles once
