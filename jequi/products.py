@@ -378,14 +378,15 @@ EDGE_CHUNK_VALUES = 2**30
 
 def edge_chunk_values(dtype) -> int:
     """The most weights one chunk of :meth:`TensorProduct.radial_conv` holds by default, for
-    weights of `dtype`: :data:`EDGE_CHUNK_FRACTION` of the default device's memory."""
+    weights of `dtype`: :data:`EDGE_CHUNK_FRACTION` of the device's memory."""
     limit = _bytes_limit()
     return int(limit * EDGE_CHUNK_FRACTION) // jnp.dtype(dtype).itemsize if limit else EDGE_CHUNK_VALUES
 
 
 def _bytes_limit() -> int | None:
-    """The default device's memory as XLA's allocator reports it, or None (the CPU)."""
-    return (jax.devices()[0].memory_stats() or {}).get("bytes_limit")
+    """This process's first device's memory as XLA's allocator reports it, or None (the CPU;
+    another process's devices report none)."""
+    return (jax.local_devices()[0].memory_stats() or {}).get("bytes_limit")
 
 
 def channelwise(irreps_in1, irreps_in2, filter_irreps_out, **kwargs) -> TensorProduct:

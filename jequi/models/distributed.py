@@ -31,7 +31,7 @@ from ..graph import Graph
 from .calculator import calculator_model, calculator_results, check_stress_request, load_model
 from .data import neighbour_edges
 from .decomposition import Decomposition, Layout, Shards, split
-from .mesh import AXIS, CHECK_VMA, device_mesh
+from .mesh import AXIS, CHECK_VMA, device_mesh, to_host
 from .nequip import NequIPConfig
 
 
@@ -136,8 +136,8 @@ def evaluate(params, config: NequIPConfig, shards: Shards, mesh: Mesh | None = N
     mesh = device_mesh(shards.layout.devices) if mesh is None else mesh
     params = jax.tree.map(lambda a: jnp.asarray(a, dtype), params)
     energy, per_atom, forces, virial = compiled(config, mesh)(shards.layout, params, *device_arrays(shards, mesh, dtype))
-    return Result(float(energy), shards.gather(per_atom).astype(np.float64), shards.gather(forces).astype(np.float64),
-                  np.asarray(virial, np.float64))  # fmt: skip
+    return Result(float(to_host(energy)), shards.gather(to_host(per_atom)).astype(np.float64),
+                  shards.gather(to_host(forces)).astype(np.float64), to_host(virial).astype(np.float64))  # fmt: skip
 
 
 def sharded_energy_and_forces(atoms, model="nequip-emt", devices: int | None = None, scheme: str = "exchange",
@@ -187,4 +187,4 @@ class ShardedCalculator(Calculator):
         check_stress_request(atoms, properties)
         self.shards = shards = split_atoms(atoms, self.config, self.decomposition)
         energy, per_atom, forces, virial = self.compiled(shards.layout, self.params, *device_arrays(shards, self.mesh, self.dtype))
-        self.results = calculator_results(atoms, energy, shards.gather(per_atom), shards.gather(forces), virial)
+        self.results = calculator_results(atoms, to_host(energy), shards.gather(to_host(per_atom)), shards.gather(to_host(forces)), to_host(virial))

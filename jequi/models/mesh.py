@@ -1,11 +1,14 @@
 """The 1-D device mesh that every multi-device path of jequi.models shares (the sharded
-calculator and MD, :mod:`jequi.models.distributed`; data-parallel training,
-:mod:`jequi.models.data_parallel`), below both."""
+calculator, :mod:`jequi.models.distributed`; data-parallel training,
+:mod:`jequi.models.data_parallel`), below both. After ``jax.distributed.initialize`` the mesh
+spans every process's devices (one process per GPU, as on a cluster: docs/distributed.md), and
+:func:`to_host` brings a result spread over them to each process."""
 
 from __future__ import annotations
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
 AXIS = "atoms"
@@ -31,3 +34,11 @@ def device_mesh(devices: int | None = None) -> Mesh:
 # energy, and only results are summed (psum) or sent (ppermute). Passed to every shard_map of
 # distributed and data_parallel; tests/multidevice_checks.py runs the Pallas kernels inside one.
 CHECK_VMA = False
+
+
+def to_host(x) -> np.ndarray:
+    """`x` as a numpy array on this host: the whole array also where its shards live on other
+    processes' devices (gathered from them: every process must call it)."""
+    if isinstance(x, jax.Array) and not x.is_fully_addressable and not x.is_fully_replicated:
+        x = multihost_utils.process_allgather(x, tiled=True)
+    return np.asarray(x)
