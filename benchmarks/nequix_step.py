@@ -179,7 +179,7 @@ def main():
     if result["versions"]["openequivariance"] is None and "nequix-oeq" in impls:  # run from its source tree: no metadata
         import openequivariance
 
-        result["versions"]["openequivariance"] = getattr(openequivariance, "__version__", "unknown")
+        result["versions"]["openequivariance"] = getattr(openequivariance, "__version__", None) or "unknown (run from its source tree: no package metadata)"
     # Nequix's package sets "highest" matmul precision when imported (no TF32); every impl here runs under it.
     jax.config.update("jax_default_matmul_precision", "highest")
     runs = [(w, int(n), impl) for w, sizes in (("efs", a.atoms), ("train", a.train_atoms)) for n in sizes.split(",") if n
