@@ -365,13 +365,10 @@ class TensorProduct:
         return self._irreps_array(out) if wrap else out
 
 
-# The weights one chunk of :meth:`TensorProduct.radial_conv` may hold: this fraction of the
-# device's memory (XLA's bytes_limit), or EDGE_CHUNK_VALUES values (4 GiB in float32) where the
-# device reports none (the CPU). Chunks cost time: the radial MLP's last layer runs again in the
-# backward (Nequix-oam-1 at 16k atoms, H200: 93.6 ms in 2 chunks of 2**30 values, 74.4 ms in one;
-# benchmarks/results/2026-12-02-nvidia-h200-nequix-nequix-oam-1.md,
-# docs/tuning.md#radial_conv-edge_chunk_values). An eighth leaves room for the weights'
-# cotangents and a training step's second-order arrays beside them.
+# One chunk of TensorProduct.radial_conv may hold this fraction of the device's memory in
+# weights (EDGE_CHUNK_VALUES values where the device reports none, the CPU): fewer chunks, fewer
+# recomputed radial-MLP matmuls in the backward, with room left for cotangents
+# (docs/tuning.md#radial_conv-edge_chunk_values).
 EDGE_CHUNK_FRACTION = 1 / 8
 EDGE_CHUNK_VALUES = 2**30
 
