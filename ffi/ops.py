@@ -14,8 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jequi.graph import RowParts, part_edges, row_parts
+from jequi.row_fixup import add_extras
 from jequi.sums import ALL, FORWARD, Sums
-from pallas_kernels.conv import add_extras
 
 from . import build, build_search, codegen, schedule
 from .config import DEFAULT, Config

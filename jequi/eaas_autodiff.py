@@ -22,10 +22,16 @@ import jax.numpy as jnp
 from jax.extend import core
 from jax.interpreters import ad, batching, mlir
 
-from pallas_kernels import eaas as kernels
-
 from . import eaas_reference
 from .tangents import instantiate, nonzero
+
+
+def _kernels():
+    """:mod:`pallas_kernels.eaas`, imported on first use: jequi's API loads kernel packages when a
+    product runs, so that ``jequi``, ``pallas_kernels`` and ``ffi`` import in any order."""
+    from pallas_kernels import eaas
+
+    return eaas
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,15 +76,15 @@ def _by_rows(kernel, spec: Spec, *arrays):
 
 
 def _forward_impl(x, r, *, spec: Spec):
-    return _by_rows(lambda *a: kernels.forward(spec.plan, *a, **spec.launch), spec, x, r)
+    return _by_rows(lambda *a: _kernels().forward(spec.plan, *a, **spec.launch), spec, x, r)
 
 
 def _jvp_impl(x, r, tx, tr, *, spec: Spec):
-    return _by_rows(lambda *a: kernels.tangent(spec.plan, *a, **spec.launch), spec, x, r, tx, tr)
+    return _by_rows(lambda *a: _kernels().tangent(spec.plan, *a, **spec.launch), spec, x, r, tx, tr)
 
 
 def _vjp_impl(x, r, g, *, spec: Spec):
-    return list(_by_rows(lambda *a: kernels.backward(spec.plan, *a, **spec.launch), spec, x, r, g))
+    return list(_by_rows(lambda *a: _kernels().backward(spec.plan, *a, **spec.launch), spec, x, r, g))
 
 
 def _out_aval(x, spec: Spec):

@@ -229,7 +229,7 @@ class RowParts:
       extras are ``firsts[r] - r : firsts[r + 1] - r - 1``;
     * ``num_rows`` (static).
 
-    The partial sums are added in part order (:func:`pallas_kernels.conv.add_extras`): the split
+    The partial sums are added in part order (:func:`jequi.row_fixup.add_extras`): the split
     depends on the graph alone, so results stay bitwise reproducible.
     """
 

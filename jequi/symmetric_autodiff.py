@@ -33,11 +33,17 @@ import jax.numpy as jnp
 from jax.extend import core
 from jax.interpreters import ad, batching, mlir
 
-from pallas_kernels import symmetric as kernels
-
 from . import species, symmetric_basis
 from .symmetric_basis import SymmetricContractionDescriptor
 from .tangents import instantiate, nonzero
+
+
+def _kernels():
+    """:mod:`pallas_kernels.symmetric`, imported on first use: jequi's API loads kernel packages when a
+    product runs, so that ``jequi``, ``pallas_kernels`` and ``ffi`` import in any order."""
+    from pallas_kernels import symmetric
+
+    return symmetric
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,15 +74,15 @@ second_p.multiple_results = True
 
 
 def _forward_impl(x, wr, rows, bs, *, spec: Spec):
-    return kernels.forward(spec.desc, x, wr, rows, bs, block=spec.block)
+    return _kernels().forward(spec.desc, x, wr, rows, bs, block=spec.block)
 
 
 def _jvp_impl(x, wr, tx, twr, rows, bs, *, spec: Spec):
-    return kernels.tangent(spec.desc, x, wr, tx, twr, rows, bs, block=spec.block)
+    return _kernels().tangent(spec.desc, x, wr, tx, twr, rows, bs, block=spec.block)
 
 
 def _vjp_impl(x, wr, g, rows, bs, *, spec: Spec, needs):
-    outs = kernels.backward(spec.desc, x, wr, g, rows, bs, block=spec.block, needs=needs)
+    outs = _kernels().backward(spec.desc, x, wr, g, rows, bs, block=spec.block, needs=needs)
     if needs[1]:
         outs[-1] = species.species_sum(outs[-1], bs, wr.shape[0])
     return outs
@@ -101,7 +107,7 @@ def _second_impl(x, wr, g, t, rows, bs, *, spec: Spec, needs):
     gs = g / eps
     total = None
     for step, weight in STENCIL:
-        outs = kernels.backward(spec.desc, x + (step * eps) * t, wr, gs, rows, bs, block=spec.block, needs=needs)
+        outs = _kernels().backward(spec.desc, x + (step * eps) * t, wr, gs, rows, bs, block=spec.block, needs=needs)
         total = [weight * o for o in outs] if total is None else [a + weight * o for a, o in zip(total, outs)]
     total = [a / 12.0 for a in total]
     if needs[1]:

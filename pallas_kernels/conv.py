@@ -8,7 +8,7 @@
   output segments (:func:`.heuristics.conv_output_groups`), loops over its edges in receiver order (a
   dynamic-length loop), computes each edge's product with the generated instruction stream
   of :mod:`.row_code`, keeps the sum in registers and writes it once; the parts of a
-  split row are added in a fixed order after (:func:`add_extras`). No per-edge output buffer,
+  split row are added in a fixed order after (:func:`jequi.row_fixup.add_extras`). No per-edge output buffer,
   no atomics: the summation order is fixed by the graph, so results are bitwise reproducible.
 * :func:`conv_backward_sum` walks senders (in parts, as the forward) through the transpose order, and
   the parts of the dropped edges (out-of-range indices) to zero their gradients: for each edge it writes
@@ -35,6 +35,7 @@ from jax.experimental import pallas as pl
 
 from jequi.descriptor import layout_positions
 from jequi.graph import RowParts, part_edges, row_parts
+from jequi.row_fixup import add_extras
 from jequi.sums import W, Sums
 
 from .config import Config
@@ -86,54 +87,6 @@ def split_rows(offsets, num_edges: int, programs_per_part: int, warps: int, kaha
     num_rows = offsets.shape[-1] - 1
     most = part_edges(num_rows, num_edges, fill_edges(num_edges, programs_per_part, warps, config))
     return row_parts(offsets, num_edges, max(num_edges, 1) if kahan else most)
-
-
-def add_extras(out, extras, firsts):
-    """``out`` ``(R, d)`` plus the extras of the rows split in parts: ``out[r] += extras[firsts[r]
-    - r] + ... + extras[firsts[r + 1] - r - 2]``, in that order (bitwise reproducible; ``firsts``
-    as :class:`jequi.graph.RowParts`): on the GPU a kernel that updates ``out`` in place
-    (:func:`add_extras_kernel`), on the CPU XLA's segment sum, which adds in index order there
-    (an interpreted kernel launch per conv cost seconds of every CPU test)."""
-    num_rows, d = out.shape
-    if on_gpu():
-        return add_extras_kernel(out, extras, firsts)
-    ends = firsts - jnp.arange(num_rows + 1, dtype=firsts.dtype)  # row r's extras: ends[r]:ends[r + 1]
-    extras = extras.reshape(-1, d)
-    k = jnp.arange(extras.shape[0])
-    row, real = jnp.searchsorted(ends, k, side="right") - 1, k < ends[-1]
-    return out + jax.ops.segment_sum(jnp.where(real[:, None], extras, 0), jnp.where(real, row, num_rows), num_rows)
-
-
-def add_extras_kernel(out, extras, firsts):
-    """:func:`add_extras` as a Pallas kernel: a program per row and block of columns, in place;
-    rows of one part return at once."""
-    num_rows, d = out.shape
-    pieces = chunks(d)
-    blocks = [pieces[i : i + FIXUP_PIECES] for i in range(0, len(pieces), FIXUP_PIECES)]
-
-    def kernel(firsts_ref, out_ref, extras_ref, o_ref):
-        r, block = pl.program_id(0), pl.program_id(1)
-        lo, hi = firsts_ref[r] - r, firsts_ref[r + 1] - r - 1
-        for bi, cols in enumerate(blocks):
-
-            @pl.when((block == bi) & (hi > lo))
-            def _():
-                def add(k, acc):
-                    return [a + extras_ref[k * d + iota(np.arange(c0, c0 + cs))] for a, (c0, cs) in zip(acc, cols)]
-
-                init = [out_ref[r * d + iota(np.arange(c0, c0 + cs))] for c0, cs in cols]
-                for (c0, cs), value in zip(cols, jax.lax.fori_loop(lo, hi, add, init)):
-                    o_ref[r * d + iota(np.arange(c0, c0 + cs))] = value
-
-    out = pallas_call(
-        kernel, jax.ShapeDtypeStruct((num_rows * d,), out.dtype), (num_rows, len(blocks)), 4, name="jequi_conv_parts",
-        aliases={1: 0},
-    )(firsts, out.reshape(-1), extras.reshape(-1))
-    return out.reshape(num_rows, d)
-
-
-# Column pieces (of at most 128 elements, :func:`~.row_code.chunks`) per fixup program.
-FIXUP_PIECES = 8
 
 
 def _extras_rows(parts: RowParts) -> int:

@@ -1,16 +1,6 @@
-"""Where Pallas kernels run: the one place that picks the Pallas lowering.
-
-GPU: Pallas' Triton lowering. The kernels need in-kernel gathers and scatters with vectors
-of static indices (every irrep block is read and written channel-wise at a stride) and, for
-the fused convolution, indexed atomics; Mosaic GPU (JAX's default GPU lowering since 0.9.0)
-has neither (the project's shared BASELINES.md, outside this repository). The Triton lowering
-is deprecated since JAX 0.11.0 (the Pallas changelog) but works in 0.11-0.12; its deprecation warning is filtered here,
-deliberately and by its exact message (it is raised when a jitted caller lowers, so it cannot
-be caught around our call alone). To move the kernels to Mosaic GPU, replace
-:func:`pallas_call` and :func:`fma` (Triton's inline assembly); the CUDA kernels of the
-``cuda`` backends (``ffi/``) are generated apart.
-
-CPU: ``interpret=True`` (the same kernels, slowly, for tests).
+"""What the Pallas kernels need of their lowering beyond :mod:`jequi.pallas_launch` (which picks
+it: Triton on the GPU, the interpreter on the CPU): fused multiply-adds and masked loads and
+stores.
 
 Multiply-adds: the Triton kernels are compiled by XLA, whose NVPTX backend does not contract
 ``a * b + c`` into a fused multiply-add (no ``FFMA`` in the SASS of the conv kernels, only
@@ -23,19 +13,13 @@ them off everywhere was removed (:func:`multiply_adds` keeps them apart per kern
 from __future__ import annotations
 
 import contextlib
-import warnings
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
-warnings.filterwarnings("ignore", message="The Pallas Triton backend is deprecated")
-
-
-def on_gpu() -> bool:
-    return jax.default_backend() == "gpu"
+from jequi.pallas_launch import on_gpu, pallas_call  # noqa: F401 (the kernels' launcher, re-exported)
 
 
 _fused = [True]  # the innermost multiply_adds() setting
@@ -84,14 +68,3 @@ def masked_store(ref, idx, value, mask):
     idx, mask = jnp.broadcast_arrays(idx, mask)
     idx = jnp.where(mask, idx, ref.shape[0])
     pl_triton.store(ref.at[idx], jnp.broadcast_to(value, idx.shape).astype(ref.dtype), mask=mask)
-
-
-def pallas_call(kernel, out_shape, grid, num_warps: int = 4, name: str | None = None, aliases=None):
-    """``pl.pallas_call`` with whole-array refs, on Triton (GPU) or the interpreter (CPU);
-    `aliases`: ``{input index: output index}`` updated in place."""
-    common = dict(out_shape=out_shape, grid=grid, name=name, input_output_aliases=aliases or {})
-    if on_gpu():
-        return pl.pallas_call(
-            kernel, compiler_params=pl_triton.CompilerParams(num_warps=num_warps, num_stages=1), **common
-        )
-    return pl.pallas_call(kernel, interpret=True, **common)

@@ -108,7 +108,7 @@ def test_add_extras_kernel():
     for r in range(7):
         for k in range(firsts[r] - r, firsts[r + 1] - r - 1):
             want[r] += extras[k]
-    for fn in (pallas_kernels.conv.add_extras_kernel, pallas_kernels.conv.add_extras):
+    for fn in (jequi.row_fixup.add_extras_kernel, jequi.row_fixup.add_extras):
         got = np.asarray(jax.jit(fn)(out, extras, parts.firsts))
         assert np.allclose(got, want, rtol=1e-6, atol=1e-5)
         single = np.diff(firsts) == 1

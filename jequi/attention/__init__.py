@@ -10,24 +10,36 @@ from __future__ import annotations
 
 import math
 import numbers
+from typing import TYPE_CHECKING
 
 import e3nn_jax as e3nn
 import jax.numpy as jnp
 import numpy as np
 
-from pallas_kernels import attention as kernels
-from pallas_kernels.lowering import on_gpu
+from jequi.pallas_launch import on_gpu
 
 from . import reference
 from .autodiff import Spec, fused_attention
 from .heads import merge_heads, split_heads
+
+
+if TYPE_CHECKING:
+    from pallas_kernels.attention import AttentionConfig
+
+
+def _kernels():
+    """:mod:`pallas_kernels.attention`, imported on first use: jequi's API loads kernel packages when a
+    product runs, so that ``jequi``, ``pallas_kernels`` and ``ffi`` import in any order."""
+    from pallas_kernels import attention
+
+    return attention
 
 BACKENDS = ("xla", "pallas", "pallas-atomic")
 
 
 def neighbor_attention(
     q, k, v, neighbors, *, mask=None, logit_bias=None, logit_gate=None, envelope=None, post_scale=None, scale=None,
-    eps: float = 0.0, backend: str | None = None, config: kernels.AttentionConfig | None = None,
+    eps: float = 0.0, backend: str | None = None, config: AttentionConfig | None = None,
 ):  # fmt: skip
     """Attention of each target node over its neighbours, per head (E2Former-V2, section 2 of
     E2FORMER.md). For target ``i``, slot ``t`` of its neighbour list (``j = neighbors[i, t]``)
@@ -102,7 +114,7 @@ def neighbor_attention(
     backend = ("pallas" if on_gpu() else "xla") if backend is None else backend
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r} for neighbor_attention; choose one of {BACKENDS}")
-    if config is not None and not isinstance(config, kernels.AttentionConfig):
+    if config is not None and not isinstance(config, _kernels().AttentionConfig):
         raise TypeError(f"config must be a pallas_kernels.attention.AttentionConfig, got {type(config).__name__}")
     dtype = jnp.result_type(q, k, v, *(a for a in edges if a is not None))
     q, k, v = (jnp.asarray(a, dtype) for a in (q, k, v))
@@ -112,7 +124,7 @@ def neighbor_attention(
     elif backend == "xla":
         out = reference.neighbor_attention(q, k, v, nbr, *edges, scale=scale, eps=eps)
     else:
-        spec = Spec(tuple(a is not None for a in edges), scale, eps, backend == "pallas-atomic", config or kernels.DEFAULT)
+        spec = Spec(tuple(a is not None for a in edges), scale, eps, backend == "pallas-atomic", config or _kernels().DEFAULT)
         if n_src == 0:
             k, v = jnp.zeros((1, h, d), dtype), jnp.zeros((1, h, v.shape[2]), dtype)
             nbr = jnp.full_like(nbr, -1)

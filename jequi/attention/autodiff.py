@@ -24,16 +24,27 @@ batch runs as one kernel launch.
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
 from jax.extend import core
 from jax.interpreters import ad, batching, mlir
 
-from pallas_kernels import attention as kernels
-
 from . import reference
 from ..tangents import nonzero
+
+
+if TYPE_CHECKING:
+    from pallas_kernels.attention import AttentionConfig, Problem
+
+
+def _kernels():
+    """:mod:`pallas_kernels.attention`, imported on first use: jequi's API loads kernel packages when a
+    product runs, so that ``jequi``, ``pallas_kernels`` and ``ffi`` import in any order."""
+    from pallas_kernels import attention
+
+    return attention
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,15 +57,15 @@ class Spec:
     scale: float
     eps: float
     atomic: bool
-    config: kernels.AttentionConfig
+    config: AttentionConfig
 
     @property
     def n_x(self) -> int:
         return 3 + sum(self.edges)
 
-    def problem(self, q, v, nbr, edges) -> kernels.Problem:
+    def problem(self, q, v, nbr, edges) -> Problem:
         heads = [None if a is None else a.shape[-1] for a in edges]
-        return kernels.Problem(q.shape[1], q.shape[2], v.shape[2], nbr.shape[1], tuple(heads), self.scale, self.eps)
+        return _kernels().Problem(q.shape[1], q.shape[2], v.shape[2], nbr.shape[1], tuple(heads), self.scale, self.eps)
 
     def full_edges(self, present):
         """The four edge slots, None where absent, from the present ones."""
@@ -85,7 +96,7 @@ def _forward_impl(*operands, spec: Spec):
     *xs, nbr = operands
     q, k, v, *edges = xs
     edges = spec.full_edges(edges)
-    return kernels.forward(q, k, v, nbr, edges, p=spec.problem(q, v, nbr, edges), config=spec.config)
+    return _kernels().forward(q, k, v, nbr, edges, p=spec.problem(q, v, nbr, edges), config=spec.config)
 
 
 def _jvp_impl(*operands, spec: Spec, has: tuple):
@@ -95,7 +106,7 @@ def _jvp_impl(*operands, spec: Spec, has: tuple):
     edges = spec.full_edges(edges)
     tangents = [ts.pop(0) if h else None for h in has]
     dq, dk, dv, *tedges = tangents
-    return kernels.tangent(
+    return _kernels().tangent(
         q, k, v, nbr, edges, out, lse, amax, (dq, dk, dv, *spec.full_edges(tedges)),
         p=spec.problem(q, v, nbr, edges), config=spec.config,
     )  # fmt: skip
@@ -108,7 +119,7 @@ def _vjp_impl(*operands, spec: Spec, needs: tuple):
     edges = spec.full_edges(edges)
     acc = jnp.promote_types(dout.dtype, jnp.float32)
     delta = jnp.sum(dout.astype(acc) * out.astype(acc), axis=-1)
-    grads = kernels.backward(
+    grads = _kernels().backward(
         q, k, v, nbr, edges, lse, amax, dout, delta, p=spec.problem(q, v, nbr, edges), needs=needs,
         atomic=spec.atomic, config=spec.config,
     )  # fmt: skip
