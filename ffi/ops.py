@@ -21,6 +21,7 @@ from . import build, build_search, codegen, schedule
 from .config import DEFAULT, Config
 from .launch import FIRST_ORDER, computed
 
+# The operands' dtypes the generated kernels take (no half precision: jequi.dtypes; Pallas takes it).
 DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 # Spill stores (bytes per thread) up to which the double backward's dgz runs inside its
 # backward kernel (tp_second, :func:`fuses_second`): fusing paid for a kernel that spilled a

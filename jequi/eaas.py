@@ -22,6 +22,7 @@ import numpy as np
 
 from . import eaas_autodiff, so2
 from .eaas_reference import frame, product
+from .dtypes import compute_dtype
 from .drop_in import _filter_irreps, _regrouped, _reorder, _simplified_flags
 from .irreps import Irreps
 
@@ -201,6 +202,7 @@ def sh_tensor_product(x, vectors, irreps_sh, *, filter_ir_out=None, normalize: b
     except ValueError as exc:
         raise ValueError(f"leading dims of x {x.shape} and vectors {vec.shape} do not broadcast") from exc
     plan = _plan(x.irreps, tuple(bool(f) for f in x.zero_flags), irreps_sh, filter_irs, irrep_normalization, sh_normalization)
-    array = _reorder(x.array.astype(dtype), x.irreps, plan.order)
-    z = _run(plan, array, vec.astype(dtype), bool(normalize), tuple(leading), jnp.dtype(dtype), backend)
-    return e3nn.IrrepsArray(plan.irreps_out, z, zero_flags=plan.zero_flags)
+    math_dtype = compute_dtype(dtype)  # half precision computed in float32 (jequi.dtypes), rounded once
+    array = _reorder(x.array.astype(math_dtype), x.irreps, plan.order)
+    z = _run(plan, array, vec.astype(math_dtype), bool(normalize), tuple(leading), math_dtype, backend)
+    return e3nn.IrrepsArray(plan.irreps_out, z.astype(dtype), zero_flags=plan.zero_flags)

@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .dtypes import compute_dtype
 from .irreps import as_irreps
 from .products import fully_connected
 from .species import node_inputs, species_blocks
@@ -79,8 +80,9 @@ class IndexedLinear:
         n = math.prod(batch)
         if n == 0:
             return jnp.zeros((*batch, self.irreps_out.dim), x.dtype)
-        out = self._rows(x.reshape(n, -1), species.reshape(n).astype(jnp.int32), w.astype(x.dtype))
-        out = out.reshape(*batch, self.irreps_out.dim)
+        math_dtype = compute_dtype(x.dtype)  # half precision computed in float32 (jequi.dtypes), rounded once
+        out = self._rows(x.reshape(n, -1).astype(math_dtype), species.reshape(n).astype(jnp.int32), w.astype(math_dtype))
+        out = out.reshape(*batch, self.irreps_out.dim).astype(x.dtype)
         return e3nn.IrrepsArray(self.irreps_out, out) if wrap else out
 
     def _rows(self, x, species, w):

@@ -67,6 +67,13 @@ def _unwrap(value, irreps: Irreps, name: str, layout: str):
     return value, False
 
 
+def _cast(a, dtype):
+    """`a` (an array or ``IrrepsArray``) in `dtype`."""
+    if isinstance(a, e3nn.IrrepsArray):
+        return e3nn.IrrepsArray(a.irreps, a.array.astype(dtype))
+    return jnp.asarray(a).astype(dtype)
+
+
 def _float_dtype(*arrays):
     for name, a in arrays:
         dtype = jnp.result_type(a)
@@ -208,7 +215,7 @@ class TensorProduct:
         """
         x, y, w, wrap = self._inputs(x, y, w)
         shared = w.ndim == 1
-        b = backends.resolve(backend, self.descriptor.trilinear, shared)
+        b = backends.resolve(backend, self.descriptor.trilinear, shared, dtype=x.dtype)
         try:
             batch = jnp.broadcast_shapes(x.shape[:-1], y.shape[:-1], () if shared else w.shape[:-1])
         except ValueError as exc:
@@ -248,7 +255,7 @@ class TensorProduct:
         bit for bit.
         """
         x, y, w, wrap = self._inputs(x, y, w)
-        b = backends.resolve(backend, self.descriptor.trilinear, w.ndim == 1, conv=True)
+        b = backends.resolve(backend, self.descriptor.trilinear, w.ndim == 1, conv=True, dtype=x.dtype)
         if kahan and not b.supports_kahan:
             raise ValueError(f"kahan=True needs a backend with compensated sums (pallas), not {b.name!r}")
         if x.ndim != 2 or y.ndim != 2 or w.ndim > 2:
@@ -282,7 +289,7 @@ class TensorProduct:
         return self._irreps_array(out) if wrap else out
 
     def radial_conv(self, x, y, hidden, kernel, graph, receivers=None, num_nodes=None, *, hidden_fn=None, edge_chunks: int | None = None,
-                    backend: str | None = None, kahan: bool = False):  # fmt: skip
+                    dtype=None, backend: str | None = None, kahan: bool = False):  # fmt: skip
         """:meth:`conv` with per-edge weights ``w = hidden_fn(hidden) @ kernel`` (a radial MLP),
         without the whole ``(E, weight_numel)`` weight array in memory.
 
@@ -297,6 +304,10 @@ class TensorProduct:
         ``conv(x, y, hidden_fn(hidden) @ kernel, graph)``. The graph is a :class:`jequi.Graph`
         or raw ``senders, receivers[, num_nodes]``, as :meth:`conv` takes them; every backend,
         derivative order and ``vmap`` works as for :meth:`conv`.
+
+        ``dtype``: the dtype the conv's operands are stored in (``x``, ``y`` and the weights,
+        rounded to it as they are made; the output is in it too), e.g. ``jnp.bfloat16`` for a
+        half-precision policy (docs/precision.md); None: as :meth:`conv` promotes them.
         """
         if isinstance(graph, graph_lib.Graph):
             if receivers is not None or num_nodes is not None:
@@ -320,13 +331,22 @@ class TensorProduct:
         num_edges = graph.num_edges
         if jnp.shape(y)[0] != num_edges:  # before the chunks cut y (conv checks the rest)
             raise ValueError(f"y has {jnp.shape(y)[0]} rows but the graph has {num_edges} edges")
+        if dtype is not None:
+            if not jnp.issubdtype(dtype, jnp.floating):
+                raise TypeError(f"dtype must be a floating dtype, got {dtype}")
+            x, y = _cast(x, dtype), _cast(y, dtype)
+
+        def weights(h):
+            w = hidden_fn(h) @ kernel
+            return w if dtype is None else w.astype(dtype)
+
         if edge_chunks is None:
-            edge_chunks = -(-num_edges * self.weight_numel // edge_chunk_values(hidden.dtype))
+            edge_chunks = -(-num_edges * self.weight_numel // edge_chunk_values(hidden.dtype if dtype is None else dtype))
         if not isinstance(edge_chunks, int) or edge_chunks < 1:
             raise ValueError(f"edge_chunks must be a positive int, got {edge_chunks!r}")
         edge_chunks = min(edge_chunks, max(num_edges, 1))
         if edge_chunks == 1:
-            return self.conv(x, y, hidden_fn(hidden) @ kernel, graph, backend=backend, kahan=kahan)
+            return self.conv(x, y, weights(hidden), graph, backend=backend, kahan=kahan)
 
         wrap = isinstance(x, e3nn.IrrepsArray) or isinstance(y, e3nn.IrrepsArray)
         x, _ = _unwrap(x, self.irreps_in1, "x", self.descriptor.layout)
@@ -348,7 +368,7 @@ class TensorProduct:
         # must not be merged with the forward's, which would keep every chunk's until the backward
         @jax.checkpoint
         def part(x, kernel, h, y, g):
-            return self.conv(x, y, hidden_fn(h) @ kernel, g, backend=backend, kahan=kahan)
+            return self.conv(x, y, weights(h), g, backend=backend, kahan=kahan)
 
         def step(out, chunk):
             return out + part(x, kernel, *chunk), None

@@ -44,7 +44,7 @@ def add_extras(out, extras, firsts):
     k = jnp.arange(extras.shape[0])
     row, real = jnp.searchsorted(ends, k, side="right") - 1, k < ends[-1]
     total = jax.ops.segment_sum(jnp.where(real[:, None], extras, 0), jnp.where(real, row, num_rows), num_rows)
-    return out + total.astype(out.dtype)
+    return (out + total).astype(out.dtype)
 
 
 def add_extras_kernel(out, extras, firsts):

@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import so2
+from .dtypes import compute_dtype
 from .eaas_reference import frame
 from .irreps import Irreps, as_irreps
 from .products import TensorProduct, fully_connected
@@ -175,7 +176,9 @@ def so2_conv(x, vectors, weights, irreps_out, *, m_max: int | None = None, irrep
         leading = jnp.broadcast_shapes(array.shape[:-1], vec.shape[:-1], () if shared else weights.shape[:-1])
     except ValueError as exc:
         raise ValueError(f"leading dims of x {array.shape}, vectors {vec.shape} and weights {weights.shape} do not broadcast") from exc
-    z = _run(layout, array.astype(dtype), vec.astype(dtype), weights.astype(dtype), tuple(leading), jnp.dtype(dtype))
+    math_dtype = compute_dtype(dtype)  # half precision computed in float32 (jequi.dtypes), rounded once
+    z = _run(layout, array.astype(math_dtype), vec.astype(math_dtype), weights.astype(math_dtype), tuple(leading), math_dtype)
+    z = z.astype(dtype)
     return e3nn.IrrepsArray(layout.irreps_out, z) if is_irreps_array else z
 
 

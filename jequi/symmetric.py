@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from . import symmetric_autodiff, symmetric_basis
+from .dtypes import compute_dtype
 from .species import node_inputs, species_blocks
 from .irreps import as_irreps
 
@@ -88,6 +89,8 @@ class SymmetricContraction:
         row gives zero and gets zero gradient."""
         d = self.descriptor
         x, species, wrap = node_inputs(x, species, d.irreps_in, d.num_species, d.layout)
+        stored = x.dtype  # half precision computed in float32 (jequi.dtypes), the output rounded once
+        x = x.astype(compute_dtype(stored))
         self._check_weights(weights)
         backend = backend or _default_backend()
         if backend not in BACKENDS:
@@ -105,5 +108,5 @@ class SymmetricContraction:
         else:
             rows, block_species = species_blocks(sf, d.num_species, BLOCK)
             out = symmetric_autodiff.contract(symmetric_autodiff.Spec(d, BLOCK), xf, wr, rows, block_species)
-        out = out.reshape(*batch, d.irreps_out.dim)
+        out = out.reshape(*batch, d.irreps_out.dim).astype(stored)
         return e3nn.IrrepsArray(d.irreps_out, out) if wrap else out

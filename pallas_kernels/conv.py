@@ -34,6 +34,7 @@ import numpy as np
 from jax.experimental import pallas as pl
 
 from jequi.descriptor import layout_positions
+from jequi.dtypes import compute_dtype
 from jequi.graph import RowParts, part_edges, row_parts
 from jequi.row_fixup import add_extras
 from jequi.sums import W, Sums
@@ -141,11 +142,14 @@ def conv_forward_sum(
     node_positions = set(sums.x_likes)
     num_edges = arrays[sums.out[0][1]].shape[0]
     dtype = arrays[sums.out[0][0]].dtype
-    warps = conv_forward_warps(desc, dtype, config)
-    groups = conv_output_groups(desc, dtype, config)
+    # computed in `math`, and stored so (the rows' parts added after, then rounded to `dtype`):
+    # half-precision operands round their output once
+    math = compute_dtype(dtype)
+    warps = conv_forward_warps(desc, math, config)
+    groups = conv_output_groups(desc, math, config)
     parts = split_rows(receiver_offsets, num_edges, len(groups), warps, kahan, config)
     num_nodes = parts.num_rows
-    chained = chained_forward(dtype, config)
+    chained = chained_forward(math, config)
 
     def kernel(*refs):
         s_ref, order_ref, off_ref, slot_ref, z_ref, extras_ref = refs[len(used) :]
@@ -164,15 +168,15 @@ def conv_forward_sum(
                         return forward_values(desc, triples, outputs, acc)
                     return [a + v for a, v in zip(acc, forward_values(desc, triples, outputs))]
 
-                init = [jnp.zeros(idx.shape, dtype) for idx in out_slots]
+                init = [jnp.zeros(idx.shape, math) for idx in out_slots]
                 total = _edge_loop(off_ref[v], off_ref[v + 1], edge, init, kahan)
                 _store_row((z_ref, extras_ref), slot_ref[v], num_nodes, do, total, out_slots)
 
     z, extras = pallas_call(
-        kernel, [jax.ShapeDtypeStruct((num_nodes * do,), dtype), jax.ShapeDtypeStruct((_extras_rows(parts) * do,), dtype)],
+        kernel, [jax.ShapeDtypeStruct((num_nodes * do,), math), jax.ShapeDtypeStruct((_extras_rows(parts) * do,), math)],
         (parts.num_parts, len(groups)), warps, name="jequi_conv_fwd",
     )(*(arrays[a].reshape(-1) for a in used), receiver_senders, receiver_order, parts.offsets, parts.slots)
-    return add_extras(z.reshape(num_nodes, do), extras, parts.firsts)
+    return add_extras(z.reshape(num_nodes, do), extras, parts.firsts).astype(dtype)
 
 
 @functools.partial(jax.jit, static_argnames=("desc", "sums", "kahan", "config"))
@@ -197,7 +201,9 @@ def conv_backward_sum(
     num_edges = sender_order.shape[0]
     d1, d2, do = desc.dims
     nw = desc.weight_numel
-    dtype = gout.dtype
+    dtype = gout.dtype  # stored; computed in `math`, and so are the partial sums added after the kernel
+    math = compute_dtype(dtype)
+    shared_weights = arrays[W].ndim == 1
     needs = sums.needs
     in2_slots = slots(desc.in2)
     groups, partials = conv_backward_programs(desc, config)
@@ -208,10 +214,10 @@ def conv_backward_sum(
     shapes, unpack = needed_outputs(
         needs,
         [
-            (jax.ShapeDtypeStruct((partials * num_senders * d1,), dtype),
-             jax.ShapeDtypeStruct((partials * extras_rows * d1,), dtype)),  # gx: rows' first parts, extras
-            jax.ShapeDtypeStruct((len(groups) * num_edges * d2,), dtype),
-            jax.ShapeDtypeStruct((num_edges * nw,), dtype),
+            (jax.ShapeDtypeStruct((partials * num_senders * d1,), math),
+             jax.ShapeDtypeStruct((partials * extras_rows * d1,), math)),  # gx: rows' first parts, extras
+            jax.ShapeDtypeStruct((len(groups) * num_edges * d2,), math),
+            jax.ShapeDtypeStruct((num_edges * nw,), math if shared_weights else dtype),
         ],
     )  # fmt: skip
     flat = [t for s in shapes for t in (s if isinstance(s, tuple) else (s,))]
@@ -242,10 +248,10 @@ def conv_backward_sum(
                         gx_start=(in1, () if acc is None else acc), tile_min_lanes=config.tile_min_lanes,
                     )  # fmt: skip
                     if gi == 0:
-                        zero_weights(inactive, store_gw, dtype)
+                        zero_weights(inactive, store_gw, math)
                     if gy_ref is not None:
-                        gy.store(desc.in2, storer(gy_ref, gy_base + e * d2), dtype)
-                    return gx.values(in1, dtype) if gx_ref is not None else []
+                        gy.store(desc.in2, storer(gy_ref, gy_base + e * d2), math)
+                    return gx.values(in1, math) if gx_ref is not None else []
 
                 if gx_ref is None:
 
@@ -259,18 +265,18 @@ def conv_backward_sum(
                     refs = ((gx_ref[0], c * num_senders * d1), (gx_ref[1], c * extras_rows * d1))
                     _store_row(refs, slot, num_senders + 1, d1, values, in1_slots)
 
-                partial_gx(chunk, _edge_loop(start, end, edge, [jnp.zeros(i.shape, dtype) for i in in1_slots], kahan))
+                partial_gx(chunk, _edge_loop(start, end, edge, [jnp.zeros(i.shape, math) for i in in1_slots], kahan))
                 for absent in range(group_chunks, partials) if chunk == 0 else ():
-                    partial_gx(absent, [jnp.zeros(i.shape, dtype) for i in in1_slots])
+                    partial_gx(absent, [jnp.zeros(i.shape, math) for i in in1_slots])
 
             @pl.when((group == gi) & (n == num_senders))
             def _():  # dropped edges: zero gradients
                 def zero(k, carry):
                     e = order_ref[k]
                     for idx in in2_slots if gy_ref is not None else ():
-                        storer(gy_ref, gy_base + e * d2)(idx, jnp.zeros(idx.shape, dtype))
+                        storer(gy_ref, gy_base + e * d2)(idx, jnp.zeros(idx.shape, math))
                     if gw_ref is not None:
-                        zero_weights(paths + (inactive if gi == 0 else []), storer(gw_ref, e * nw), dtype)
+                        zero_weights(paths + (inactive if gi == 0 else []), storer(gw_ref, e * nw), math)
                     return carry
 
                 jax.lax.fori_loop(start, end, zero, 0)
@@ -284,10 +290,10 @@ def conv_backward_sum(
         main, extras = gx
         main = add_parts(main.reshape(partials, num_senders, d1))
         extras = add_parts(extras.reshape(partials, extras_rows, d1))
-        gx = add_extras(main, extras, parts.firsts[: num_senders + 1])
+        gx = add_extras(main, extras, parts.firsts[: num_senders + 1]).astype(dtype)
     if gy is not None:
-        gy = add_parts(gy.reshape(len(groups), num_edges, d2))
+        gy = add_parts(gy.reshape(len(groups), num_edges, d2)).astype(dtype)
     if gw is not None:
         gw = gw.reshape(num_edges, nw)
-        gw = gw.sum(0) if arrays[W].ndim == 1 else gw
+        gw = (gw.sum(0) if shared_weights else gw).astype(dtype)
     return gx, gy, gw

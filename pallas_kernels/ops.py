@@ -10,11 +10,16 @@ them. Each takes the kernels' :class:`~.config.Config` (``config``, default
 
 from __future__ import annotations
 
+from jequi.dtypes import STORED
 from jequi.sums import ALL, FORWARD, GZ, Sums
 
 from . import conv, heuristics, per_row, row_blocks
 from .config import DEFAULT, Config
 from .row_code import SUPPORTED_MODES, unsupported_modes
+
+
+# The operands' dtypes the kernels take: half precision stored, computed in float32 (jequi.dtypes).
+DTYPES = STORED
 
 
 def available() -> bool:

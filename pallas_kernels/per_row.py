@@ -18,6 +18,7 @@ import functools
 import jax
 from jax.experimental import pallas as pl
 
+from jequi.dtypes import compute_dtype
 from jequi.sums import W, Sums
 
 from .config import Config
@@ -39,9 +40,10 @@ def forward_sum(desc, arrays, *, sums: Sums, config: Config):
     n = arrays[first].shape[0]
     do = desc.dims[2]
     rpp = rows_per_program(desc, n, config, forward=True)
-    dtype = arrays[first].dtype
-    groups = forward_groups(desc, dtype, config)
-    fused = fused_forward(dtype, config)
+    dtype = arrays[first].dtype  # stored; computed in compute_dtype(dtype)
+    math = compute_dtype(dtype)
+    groups = forward_groups(desc, math, config)
+    fused = fused_forward(math, config)
 
     def kernel(*refs):
         *in_refs, z_ref = refs
@@ -92,18 +94,20 @@ def _backward(desc, g, arrays, *, sums: Sums, config: Config):
     d1, d2, do = desc.dims
     nw = desc.weight_numel
     rpp = rows_per_program(desc, n, config)
-    dtype = g.dtype
+    dtype = g.dtype  # stored; computed in `math`, and so are the partial sums added after the kernel
+    math = compute_dtype(dtype)
     triples = sums.out
     used = sums.reads
     needs = sums.needs
     shared_weights = arrays[W].ndim == 1
-    windows = channel_windows(desc, dtype, config)
+    windows = channel_windows(desc, math, config)
     assert not triples or windows == [None], "a channel window's forward would split its outputs' channels"
-    groups = [(*group, window) for group in backward_groups(desc, dtype, config) for window in windows]
+    groups = [(*group, window) for group in backward_groups(desc, math, config) for window in windows]
     sizes = (d1, len(groups) * d2, nw)
-    shapes, unpack = needed_outputs(needs, [jax.ShapeDtypeStruct((n * d,), dtype) for d in sizes])
+    stored = (dtype, math, math if shared_weights else dtype)  # gy in partials, a shared gw summed over rows
+    shapes, unpack = needed_outputs(needs, [jax.ShapeDtypeStruct((n * d,), t) for d, t in zip(sizes, stored)])
     if triples:  # a partial dgz row per program, over its paths
-        shapes.append(jax.ShapeDtypeStruct((len(groups) * n * do,), dtype))
+        shapes.append(jax.ShapeDtypeStruct((len(groups) * n * do,), math))
 
     def kernel(g_ref, *refs):
         in_refs, out_refs = refs[: len(used)], refs[len(used) :]
@@ -123,13 +127,13 @@ def _backward(desc, g, arrays, *, sums: Sums, config: Config):
                         tile_min_lanes=config.tile_min_lanes,
                     )
                     if gi == 0 and gw_ref is not None:
-                        zero_weights(desc.untouched.inactive_weights, store_gw, dtype)
+                        zero_weights(desc.untouched.inactive_weights, store_gw, math)
                     if gx_ref is not None:
-                        gx.store([desc.in1[s] for s in segments], storer(gx_ref, b * d1), dtype, window)
+                        gx.store([desc.in1[s] for s in segments], storer(gx_ref, b * d1), math, window)
                     if gy_ref is not None:
-                        gy.store(desc.in2, storer(gy_ref, (gi * n + b) * d2), dtype)
+                        gy.store(desc.in2, storer(gy_ref, (gi * n + b) * d2), math)
                     if dgz_ref is not None:
-                        with multiply_adds(fused_forward(dtype, config)):
+                        with multiply_adds(fused_forward(math, config)):
                             values = forward_values(desc, triples_of(sums, r), paths=paths)
                         store = storer(dgz_ref, (gi * n + b) * do)
                         for idx, value in zip(slots(desc.out), values):
@@ -143,11 +147,12 @@ def _backward(desc, g, arrays, *, sums: Sums, config: Config):
     )
     gx, gy, gw = unpack(results)
     if gy is not None:
-        gy = add_parts(gy.reshape(len(groups), n, d2))
+        gy = add_parts(gy.reshape(len(groups), n, d2)).astype(dtype)
+    gw = weight_gradient(gw, n, nw, shared_weights)
     return (
         None if gx is None else gx.reshape(n, d1),
         gy,
-        weight_gradient(gw, n, nw, shared_weights),
-        add_parts(results[-1].reshape(len(groups), n, do)) if triples else None,
+        None if gw is None else gw.astype(dtype),
+        add_parts(results[-1].reshape(len(groups), n, do)).astype(dtype) if triples else None,
     )
 

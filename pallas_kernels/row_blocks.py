@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import pallas as pl
 
+from jequi.dtypes import compute_dtype
 from jequi.sums import W, Sums
 
 from .config import Config
@@ -58,12 +59,13 @@ class Block:
 
     def __init__(self, ref, rows, width: int | None):
         self.ref, self.rows, self.width, self.cache = ref, rows, width, {}
+        self.dtype = compute_dtype(ref.dtype)  # half-precision rows are widened as they load
 
     def column(self, pos: int):
         """Element `pos` of every row: a vector over the rows."""
         assert self.width is not None, "a shared operand is read as tiles only"
         if pos not in self.cache:
-            self.cache[pos] = self.ref[self.rows * self.width + int(pos)]
+            self.cache[pos] = self.ref[self.rows * self.width + int(pos)].astype(self.dtype)
         return self.cache[pos]
 
     def tile(self, positions: np.ndarray):
@@ -73,12 +75,13 @@ class Block:
         if at not in self.cache:
             idx = iota(positions)
             shared = self.width is None
-            self.cache[at] = self.ref[idx] if shared else self.ref[self.rows[:, None] * self.width + idx[None, :]]
+            tile = self.ref[idx] if shared else self.ref[self.rows[:, None] * self.width + idx[None, :]]
+            self.cache[at] = tile.astype(self.dtype)
         return self.cache[at]
 
 
 def _store_tile(ref, rows, width: int, positions, value):
-    ref[rows[:, None] * width + iota(positions)[None, :]] = value
+    ref[rows[:, None] * width + iota(positions)[None, :]] = value.astype(ref.dtype)
 
 
 def _path_operands(desc, p):
@@ -131,7 +134,7 @@ def forward_sum(desc, arrays, *, sums: Sums, config: Config):
     first = sums.out[0][0]
     n = arrays[first].shape[0]
     do = desc.dims[2]
-    dtype = arrays[first].dtype
+    dtype = arrays[first].dtype  # stored; computed in compute_dtype(dtype)
     rows_per_block = config.block_forward_rows
 
     def kernel(*refs):
@@ -140,7 +143,7 @@ def forward_sum(desc, arrays, *, sums: Sums, config: Config):
         blocks = _blocks(arrays, dict(zip(used, in_refs)), rows)
         triples = [(blocks[a], blocks[b], blocks[c]) for a, b, c in sums.out]
         for s in range(len(desc.out)):
-            for positions, tile in _forward_segment(desc, s, triples, rows_per_block, dtype):
+            for positions, tile in _forward_segment(desc, s, triples, rows_per_block, compute_dtype(dtype)):
                 _store_tile(z_ref, rows, do, positions, tile)
 
     z = pallas_call(
@@ -165,7 +168,7 @@ def _backward_path(desc, p, gz: Block, pairs, gx: dict, gy: dict, store_gw):
             for k, value in _contraction(terms, x1, y1, bx, by).items():
                 t[k] = add(t.get(k), value)
         for c0, cs, positions in weights:
-            zeros = lambda: jnp.zeros((gz.rows.shape[0], cs), gz.ref.dtype)  # noqa: E731
+            zeros = lambda: jnp.zeros((gz.rows.shape[0], cs), gz.dtype)  # noqa: E731
             store_gw(positions, dot(((t[k][:, None], g[c0, k]) for k in t), zeros))
     # the cotangent pulled back through the weights: a vector over rows per component k
     h = {
@@ -187,12 +190,15 @@ def backward_sum(desc, g, arrays, *, sums: Sums, config: Config):
     n = g.shape[0]
     d1, d2, do = desc.dims
     nw = desc.weight_numel
-    dtype = g.dtype
+    dtype = g.dtype  # stored; computed in `math`, and so is a shared gw summed over rows after the kernel
+    math = compute_dtype(dtype)
     used = sums.reads
     needs = sums.needs
-    shapes, unpack = needed_outputs(needs, [jax.ShapeDtypeStruct((n * d,), dtype) for d in (d1, d2, nw)])
+    shared_weights = arrays[W].ndim == 1
+    stored = (dtype, dtype, math if shared_weights else dtype)
+    shapes, unpack = needed_outputs(needs, [jax.ShapeDtypeStruct((n * d,), t) for d, t in zip((d1, d2, nw), stored)])
 
-    rows_per_block = block_backward_rows(dtype, config)
+    rows_per_block = block_backward_rows(math, config)
 
     def kernel(g_ref, *refs):
         in_refs, out_refs = refs[: len(used)], refs[len(used) :]
@@ -207,11 +213,11 @@ def backward_sum(desc, g, arrays, *, sums: Sums, config: Config):
             # (one cache for all was not measured)
             _backward_path(desc, p, Block(g_ref, rows, do), pairs, gx, gy, store_gw)
         if store_gw is not None:
-            zero_weights(desc.untouched.inactive_weights, store_gw, dtype, (rows_per_block,))
+            zero_weights(desc.untouched.inactive_weights, store_gw, math, (rows_per_block,))
         for ref, values, width in ((gx_ref, gx, d1), (gy_ref, gy, d2)):
             if ref is not None:
                 for q in range(width):
-                    ref[rows * width + q] = values[q] if q in values else jnp.zeros((rows_per_block,), dtype)
+                    ref[rows * width + q] = (values[q] if q in values else jnp.zeros((rows_per_block,), math)).astype(dtype)
 
     gx, gy, gw = unpack(
         pallas_call(kernel, shapes, (pl.cdiv(n, rows_per_block),), config.block_backward_warps, name="jequi_tp_rows_bwd")(
@@ -219,4 +225,5 @@ def backward_sum(desc, g, arrays, *, sums: Sums, config: Config):
         )
     )
     gx, gy = (None if a is None else a.reshape(n, d) for a, d in ((gx, d1), (gy, d2)))
-    return gx, gy, weight_gradient(gw, n, nw, arrays[W].ndim == 1)
+    gw = weight_gradient(gw, n, nw, shared_weights)
+    return gx, gy, None if gw is None else gw.astype(dtype)

@@ -31,6 +31,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import pallas as pl
 
+from jequi.dtypes import compute_dtype
+
 from .lowering import fma
 
 SUPPORTED_MODES = ("uvu", "uuu", "uvw", "uuw")
@@ -77,7 +79,7 @@ def storer(ref, base):
     """``store(idx, value)``: write `value` at static positions `idx` after `base` in `ref`."""
 
     def store(idx, value):
-        ref[base + iota(idx)] = value
+        ref[base + iota(idx)] = value.astype(ref.dtype)
 
     return store
 
@@ -89,12 +91,13 @@ class Row:
 
     def __init__(self, ref, base, positions: np.ndarray | None = None):
         self.ref, self.base, self.positions, self.cache = ref, base, positions, {}
+        self.dtype = compute_dtype(ref.dtype)  # half-precision rows are widened as they load
 
     def load(self, idx):
         idx = np.asarray(idx)
         if key(idx) not in self.cache:
             at = idx if self.positions is None else self.positions[idx]
-            self.cache[key(idx)] = self.ref[self.base + iota(at)]
+            self.cache[key(idx)] = self.ref[self.base + iota(at)].astype(self.dtype)
         return self.cache[key(idx)]
 
 
@@ -182,7 +185,7 @@ def forward_values(desc, triples, outputs=None, start=None, paths=None) -> list:
             for p in by_out.get(s, []):
                 for rx, ry, rw in triples:
                     _forward_path(desc, p, c0, cs, rx, ry, rw, acc)
-            values.extend(a if a is not None else jnp.zeros((cs,), triples[0][0].ref.dtype) for a in acc)
+            values.extend(a if a is not None else jnp.zeros((cs,), triples[0][0].dtype) for a in acc)
     return values
 
 
@@ -397,7 +400,7 @@ def _backward_path(desc, p, rg, pairs: Pairs, gx, gy, store_gw, window):
                     y_at = lambda ry, j: ry.load(in2[c0 : c0 + cs, j])  # noqa: E731
                     widx = p.weight_offset + u
                 if pairs.gw:
-                    zeros = lambda: jnp.zeros((cs,), rg.ref.dtype)  # noqa: E731
+                    zeros = lambda: jnp.zeros((cs,), rg.dtype)  # noqa: E731
                     store_gw(widx, dot(((y_at(ry, j), qj) for rx, ry in pairs.gw for j, qj in q[rx].items()), zeros))
                 if pairs.gx:
                     t = {ry: contract_y(terms, lambda j, ry=ry: y_at(ry, j)) for ry in _unique(ry for ry, _ in pairs.gx)}
@@ -439,7 +442,7 @@ def _backward_path(desc, p, rg, pairs: Pairs, gx, gy, store_gw, window):
                     for rx, ry in pairs.gw:
                         for k, value in contract_x(t[ry], lambda i, rx=rx: x_at(rx, i)).items():
                             a[k] = add(a.get(k), value)
-                    zeros = lambda: jnp.zeros((cu, cs), rg.ref.dtype)  # noqa: E731
+                    zeros = lambda: jnp.zeros((cu, cs), rg.dtype)  # noqa: E731
                     store_gw(widx, sum_of((a[k][:, None] * g[k][None, :] for k in a), zeros))
                 # the output cotangent pulled back through each weight matrix (a vector over u)
                 h = {rw: {k: jnp.sum(rw.load(widx) * g[k][None, :], axis=1) for k in ks} for rw in w_rows}

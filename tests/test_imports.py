@@ -16,7 +16,7 @@ PACKAGES = ("jequi", "pallas_kernels", "ffi")
 # What both kernel packages share sits there too: how a Pallas kernel is launched and the
 # row-part fix-up of the convs.
 CORE = {"jequi.irreps", "jequi.descriptor", "jequi.sums", "jequi.graph", "jequi.so2", "jequi.symmetric_basis",
-        "jequi.pallas_launch", "jequi.row_fixup"}
+        "jequi.dtypes", "jequi.pallas_launch", "jequi.row_fixup"}
 
 
 def _modules() -> dict[str, pathlib.Path]:

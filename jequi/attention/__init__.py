@@ -16,6 +16,7 @@ import e3nn_jax as e3nn
 import jax.numpy as jnp
 import numpy as np
 
+from jequi.dtypes import compute_dtype
 from jequi.pallas_launch import on_gpu
 
 from . import reference
@@ -116,7 +117,8 @@ def neighbor_attention(
         raise ValueError(f"unknown backend {backend!r} for neighbor_attention; choose one of {BACKENDS}")
     if config is not None and not isinstance(config, _kernels().AttentionConfig):
         raise TypeError(f"config must be a pallas_kernels.attention.AttentionConfig, got {type(config).__name__}")
-    dtype = jnp.result_type(q, k, v, *(a for a in edges if a is not None))
+    stored = jnp.result_type(q, k, v, *(a for a in edges if a is not None))
+    dtype = compute_dtype(stored)  # half precision computed in float32 (jequi.dtypes), rounded once
     q, k, v = (jnp.asarray(a, dtype) for a in (q, k, v))
     edges = [None if a is None else a.astype(dtype) for a in edges]
     if kslots == 0 or n == 0:
@@ -129,6 +131,7 @@ def neighbor_attention(
             k, v = jnp.zeros((1, h, d), dtype), jnp.zeros((1, h, v.shape[2]), dtype)
             nbr = jnp.full_like(nbr, -1)
         out = fused_attention(spec, (q, k, v, *(a for a in edges if a is not None)), nbr)
+    out = out.astype(stored)
     return out if irreps is None else merge_heads(out, irreps)
 
 

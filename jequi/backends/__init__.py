@@ -30,7 +30,9 @@ from types import ModuleType
 from typing import Callable
 
 import jax
+import numpy as np
 
+from ..dtypes import STORED
 from . import kernels, xla
 
 
@@ -53,10 +55,20 @@ class Backend:
     # (xla, a mixed backend): what configured() builds another config of.
     package: ModuleType | None = None
     config: object = None
+    # The dtypes its kernels store operands in (each computes in jequi.dtypes.compute_dtype of it).
+    dtypes: tuple = STORED
+
+    def check_dtype(self, dtype):
+        """Raises ValueError, before any kernel runs, for operands stored in a dtype it does not take."""
+        if np.dtype(dtype) not in self.dtypes:
+            takes = " and ".join(str(d) for d in self.dtypes)
+            raise ValueError(f"backend {self.name!r} takes {takes} operands, not {np.dtype(dtype)} (backend='pallas' and 'xla' take every float dtype)")
 
 
 def _kernel_backend(name: str, package, config, supports_kahan: bool = False) -> Backend:
-    return Backend(name, **kernels.functions(package, config), supports_kahan=supports_kahan, package=package, config=config)
+    return Backend(
+        name, **kernels.functions(package, config), supports_kahan=supports_kahan, package=package, config=config, dtypes=package.DTYPES
+    )
 
 
 class _Registry(MutableMapping):
@@ -133,7 +145,7 @@ def mixed(forward: str, backward: str) -> Backend:
     return Backend(
         f"{forward}+{backward}", first.forward, second.backward, first.conv_forward, second.conv_backward, check,
         available=lambda: first.available() and second.available(), supports_kahan=first.supports_kahan and second.supports_kahan,
-        second=second.second, conv_second=second.conv_second,
+        second=second.second, conv_second=second.conv_second, dtypes=tuple(d for d in first.dtypes if d in second.dtypes),
     )  # fmt: skip
 
 
@@ -150,17 +162,20 @@ def available_backends() -> list[str]:
     return [name for name, b in BACKENDS.items() if b.available()]
 
 
-def resolve(name: str | None, desc, shared_weights: bool = False, conv: bool = False) -> Backend:
+def resolve(name: str | None, desc, shared_weights: bool = False, conv: bool = False, dtype=None) -> Backend:
     """The backend called `name` for descriptor `desc`, or the default one for it (for weights
-    shared by every row, `shared_weights`, and for the fused convolution, `conv`)."""
+    shared by every row, `shared_weights`, for the fused convolution, `conv`, and for operands
+    stored in `dtype`)."""
     if name is None:
-        name = default_backend(desc, shared_weights, conv)
+        name = default_backend(desc, shared_weights, conv, dtype)
     if name not in BACKENDS:
         raise ValueError(f"unknown backend {name!r}; known backends: {', '.join(BACKENDS)}")
     backend = BACKENDS[name]
     if not backend.available():
         raise ValueError(f"backend {name!r} is not available on this machine ({jax.default_backend()})")
     backend.check(desc)
+    if dtype is not None:
+        backend.check_dtype(dtype)
     return backend
 
 
@@ -175,11 +190,12 @@ CUDA_CONV_MIN_CHANNELS = 32
 CUDA_FOOTPRINT = 100
 
 
-def default_backend(desc=None, shared_weights: bool = False, conv: bool = False) -> str:
+def default_backend(desc=None, shared_weights: bool = False, conv: bool = False, dtype=None) -> str:
     """The fastest correct backend for `desc` on the default JAX platform (with weights
-    shared by every row if `shared_weights`; for the fused convolution if `conv`), in either
-    dtype; without a descriptor, the platform's default for the products the Pallas kernels
-    run.
+    shared by every row if `shared_weights`; for the fused convolution if `conv`; for operands
+    stored in `dtype`, None: float32 or float64); without a descriptor, the platform's default
+    for the products the Pallas kernels run. Half-precision operands, which the CUDA kernels do
+    not take, go to Pallas where the CUDA kernels would run.
 
     On GPU the Pallas kernels beat ``xla`` on every problem measured with per-row weights
     (channelwise and ``uvw``; benchmarks/results/2026-11-21-h200-tp.md), so they run every
@@ -207,7 +223,7 @@ def default_backend(desc=None, shared_weights: bool = False, conv: bool = False)
         return "pallas"
     from ffi import schedule  # the cuda backend's footprint (the registry loads ffi on first use)
 
-    runs = _cuda_runs(desc)
+    runs = _cuda_runs(desc) and (dtype is None or np.dtype(dtype) in BACKENDS["cuda"].dtypes)
     if conv and runs and schedule.backward_footprint(desc) <= CUDA_FOOTPRINT and min(p.mul_in1 for p in desc.active_paths) >= CUDA_CONV_MIN_CHANNELS:
         return "cuda"
     try:

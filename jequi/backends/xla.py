@@ -37,6 +37,7 @@ import numpy as np
 
 from ..autodiff import composed_second
 from ..descriptor import Path, Segment, TensorProductDescriptor
+from ..dtypes import compute_dtype
 from ..sums import Sums
 
 _HIGHEST = jax.lax.Precision.HIGHEST
@@ -137,6 +138,22 @@ def _group_forward(g: _Group, x1, x2, weights, dtype):
     return z.sum(axis=-2)
 
 
+def _widened(f):
+    """`f` (of arrays ``x, y, w, *rest`` of one dtype) computed in :func:`jequi.dtypes.compute_dtype`
+    of their dtype, its result stored back in it: half-precision operands are widened to float32
+    and the result rounded once, as the kernels do."""
+
+    @functools.wraps(f)
+    def widened(desc, x, y, w, *rest):
+        stored, math = x.dtype, compute_dtype(x.dtype)
+        if math == stored:
+            return f(desc, x, y, w, *rest)
+        return f(desc, x.astype(math), y.astype(math), w.astype(math), *rest).astype(stored)
+
+    return widened
+
+
+@_widened
 def forward(desc: TensorProductDescriptor, x, y, w):
     """``z = tp(x, y, w)`` for arrays with any (broadcastable) leading dims; ``w`` may be 1-D."""
     dtype = x.dtype
@@ -215,6 +232,7 @@ def conv_second(desc: TensorProductDescriptor, sums: Sums, arrays, graph):
     )
 
 
+@_widened
 def conv_forward(desc: TensorProductDescriptor, x, y, w, graph):
     """``out[r] = sum_{e: receivers[e] == r} tp(x[senders[e]], y[e], w[e])``: a gather of
     sender rows, the product per edge and a segment sum (a ``|E| x out.dim`` buffer).

@@ -1,0 +1,250 @@
+"""Half-precision storage (bfloat16, float16) with float32 math (jequi.dtypes), on every op.
+
+The oracle is float64 on the same rounded inputs (e3nn-jax for products, jequi's pure-JAX
+references for the rest): a kernel that computes in float32 and rounds its result once is
+within about one half-precision rounding of it (``TOL`` units of the dtype's epsilon, relative
+to the largest value). Sums in the half dtype itself (a hub of 300 edges) would miss that by
+several units. Derivatives of first order take a given cotangent (one rounding); the double
+backward and forward mode store intermediate results, each rounded once.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jequi
+from jequi.backends import BACKENDS, default_backend
+
+from conftest import e3nn_tp
+
+HALF = [jnp.bfloat16, jnp.float16]
+# The backends that run every op here on the CPU (the GPU suite adds none: cuda takes no half).
+TP_BACKENDS = ["xla", "pallas"]
+TOL = 0.6  # in units of the dtype's epsilon, relative to the largest reference value: one rounding is 0.5
+
+
+def _eps(dtype) -> float:
+    return float(jnp.finfo(dtype).eps)
+
+
+def _rounded(rng, shape, dtype, scale=1.0):
+    """A random half-precision array and the same values in float64."""
+    a = jnp.asarray(rng.normal(size=shape) * scale, dtype)
+    return a, np.asarray(a, np.float64)
+
+
+def assert_within(got, want, dtype, units=TOL):
+    got = np.asarray(got, np.float64)
+    want = np.asarray(want, np.float64)
+    scale = max(np.abs(want).max(), 1e-30)
+    err = np.abs(got - want).max() / scale
+    assert err <= units * _eps(dtype), f"error {err:.3g} = {err / _eps(dtype):.2f} eps > {units} eps"
+
+
+PRODUCTS = {
+    "channelwise": lambda: jequi.channelwise("8x0e+8x1o+4x2e", "0e+1o+2e", "0e+1o+2e"),  # per_row kernels
+    "one-channel-uvw": lambda: jequi.fully_connected("0e+1o", "0e+1o", "16x0e+8x1o"),  # row_blocks kernels
+}
+
+
+@pytest.mark.parametrize("backend", TP_BACKENDS)
+@pytest.mark.parametrize("dtype", HALF, ids=lambda d: d.__name__)
+@pytest.mark.parametrize("name", sorted(PRODUCTS))
+@pytest.mark.parametrize("shared", [False, True], ids=["per-row", "shared"])
+def test_product_and_its_gradients(name, dtype, backend, shared):
+    """Output and cotangents stay in the half dtype; each is float64's on the rounded inputs to
+    one rounding."""
+    tp = PRODUCTS[name]()
+    rng = np.random.default_rng(0)
+    n = 24
+    x, x64 = _rounded(rng, (n, tp.irreps_in1.dim), dtype)
+    y, y64 = _rounded(rng, (n, tp.irreps_in2.dim), dtype)
+    w, w64 = _rounded(rng, (tp.weight_numel,) if shared else (n, tp.weight_numel), dtype)
+    g, g64 = _rounded(rng, (n, tp.irreps_out.dim), dtype)
+    z, vjp = jax.vjp(lambda *a: tp(*a, backend=backend), x, y, w)
+    assert z.dtype == dtype
+    assert_within(z, e3nn_tp(tp, x64, y64, w64), dtype)
+    grads = vjp(g)
+    want = jax.vjp(lambda *a: tp(*a, backend="xla"), x64, y64, w64)[1](g64)
+    for got, ref, primal in zip(grads, want, (x, y, w)):
+        assert got.dtype == primal.dtype
+        assert_within(got, ref, dtype)
+
+
+def _hub_graph(rng, num_nodes: int, hub_edges: int, other_edges: int):
+    """Edges into node 0 (a hub, which the conv kernels split in parts) and random others."""
+    receivers = np.concatenate([np.zeros(hub_edges, int), rng.integers(0, num_nodes, other_edges)])
+    senders = rng.integers(0, num_nodes, receivers.size)
+    return senders, receivers
+
+
+@pytest.mark.parametrize("backend", TP_BACKENDS)
+@pytest.mark.parametrize("dtype", HALF, ids=lambda d: d.__name__)
+def test_conv_sums_in_float32(dtype, backend):
+    """A 300-edge hub's sum, and the backward's per-sender sums, to one rounding: the sums run
+    in float32 (in the half dtype they would be several roundings off)."""
+    tp = jequi.channelwise("8x0e+8x1o", "0e+1o+2e", "0e+1o+2e")
+    rng = np.random.default_rng(1)
+    n = 10
+    s, r = _hub_graph(rng, n, 300, 40)
+    e = s.size
+    x, x64 = _rounded(rng, (n, tp.irreps_in1.dim), dtype)
+    y, y64 = _rounded(rng, (e, tp.irreps_in2.dim), dtype)
+    w, w64 = _rounded(rng, (e, tp.weight_numel), dtype)
+    g, g64 = _rounded(rng, (n, tp.irreps_out.dim), dtype)
+    graph = jequi.Graph.build(s, r, n)
+    out, vjp = jax.vjp(lambda *a: tp.conv(*a, graph, backend=backend), x, y, w)
+    assert out.dtype == dtype
+    want, want_vjp = jax.vjp(lambda *a: tp.conv(*a, graph, backend="xla"), x64, y64, w64)
+    assert_within(out, want, dtype)
+    for got, ref, primal in zip(vjp(g), want_vjp(g64), (x, y, w)):
+        assert got.dtype == primal.dtype
+        assert_within(got, ref, dtype)
+
+
+@pytest.mark.parametrize("backend", TP_BACKENDS)
+def test_force_training_and_forward_mode_in_bfloat16(backend):
+    """The double backward (a force loss's parameter gradient) and a forward-mode tangent of
+    the conv in bfloat16: each stored intermediate is rounded once, so they stay within a few
+    roundings of float64's."""
+    dtype = jnp.bfloat16
+    tp = jequi.channelwise("8x0e+8x1o", "0e+1o+2e", "0e+1o+2e")
+    rng = np.random.default_rng(2)
+    n = 8
+    s, r = _hub_graph(rng, n, 60, 30)
+    graph = jequi.Graph.build(s, r, n)
+    x, x64 = _rounded(rng, (n, tp.irreps_in1.dim), dtype)
+    y, y64 = _rounded(rng, (s.size, tp.irreps_in2.dim), dtype)
+    w, w64 = _rounded(rng, (s.size, tp.weight_numel), dtype)
+
+    def force_loss(backend):
+        def energy(y, x, w):
+            return tp.conv(x, y, w, graph, backend=backend).astype(jnp.float32 if backend != "ref" else jnp.float64).sum()
+
+        def loss(w, x, y):
+            f = jax.grad(energy)(y, x, w)
+            return (f.astype(jnp.float64 if f.dtype == jnp.float64 else jnp.float32) ** 2).sum()
+
+        return loss
+
+    def ref_energy(y, x, w):
+        return tp.conv(x, y, w, graph, backend="xla").sum()
+
+    def ref_loss(w, x, y):
+        return (jax.grad(ref_energy)(y, x, w) ** 2).sum()
+
+    gw = jax.grad(force_loss(backend))(w, x, y)
+    assert gw.dtype == dtype
+    assert_within(gw, jax.grad(ref_loss)(w64, x64, y64), dtype, units=3)
+    t, t64 = _rounded(rng, x.shape, dtype)
+    _, tangent = jax.jvp(lambda x: tp.conv(x, y, w, graph, backend=backend), (x,), (t,))
+    _, want = jax.jvp(lambda x: tp.conv(x, y64, w64, graph, backend="xla"), (x64,), (t64,))
+    assert tangent.dtype == dtype
+    assert_within(tangent, want, dtype)
+
+
+@pytest.mark.parametrize("backend", TP_BACKENDS)
+def test_float16_products_do_not_overflow_inside(backend):
+    """float16 holds at most 65504: factors of 300 whose products (9e4) would overflow in
+    float16 math give the right, finite result in float32 math."""
+    dtype = jnp.float16
+    tp = jequi.channelwise("4x0e", "0e", "4x0e")
+    n = 8
+    x = jnp.full((n, 4), 300.0, dtype)
+    y = jnp.full((n, 1), 300.0, dtype)
+    w = jnp.full((n, tp.weight_numel), 0.01, dtype)
+    z = tp(x, y, w, backend=backend)
+    assert np.all(np.isfinite(np.asarray(z, np.float64)))
+    assert_within(z, e3nn_tp(tp, *(np.asarray(a, np.float64) for a in (x, y, w))), dtype)
+    s = np.zeros(40, int)  # 40 edges into one node: 40 * 900 = 36,000, below 65,504
+    out = tp.conv(x[:1], y[:1].repeat(40, 0), w[:1].repeat(40, 0), jequi.Graph.build(s, s, 1), backend=backend)
+    assert np.all(np.isfinite(np.asarray(out, np.float64)))
+
+
+@pytest.mark.parametrize("edge_chunks", [1, 3])
+def test_radial_conv_stores_its_weights_in_the_dtype(edge_chunks):
+    """``radial_conv(dtype=bfloat16)``: the radial MLP's weights rounded as they are made, the
+    conv's operands and output in bfloat16, in one chunk or several."""
+    dtype = jnp.bfloat16
+    tp = jequi.channelwise("8x0e+8x1o", "0e+1o+2e", "0e+1o+2e")
+    rng = np.random.default_rng(3)
+    n, e = 10, 70
+    s, r = rng.integers(0, n, e), rng.integers(0, n, e)
+    graph = jequi.Graph.build(s, r, n)
+    x = rng.normal(size=(n, tp.irreps_in1.dim)).astype(np.float32)
+    y = rng.normal(size=(e, tp.irreps_in2.dim)).astype(np.float32)
+    hidden = rng.normal(size=(e, 6)).astype(np.float32)
+    kernel = rng.normal(size=(6, tp.weight_numel)).astype(np.float32) / 3
+    out = tp.radial_conv(x, y, hidden, kernel, graph, edge_chunks=edge_chunks, dtype=dtype, backend="pallas")
+    assert out.dtype == dtype
+    w64 = np.asarray(jnp.asarray(hidden.astype(np.float64) @ kernel.astype(np.float64), dtype), np.float64)
+    x64, y64 = (np.asarray(jnp.asarray(a, dtype), np.float64) for a in (x, y))
+    assert_within(out, tp.conv(x64, y64, w64, graph, backend="xla"), dtype)
+    with pytest.raises(TypeError, match="floating dtype"):
+        tp.radial_conv(x, y, hidden, kernel, graph, dtype=jnp.int32)
+
+
+def _other_ops():
+    """Each op with half-precision inputs: ``(name, call(inputs, backend), inputs in bfloat16)``."""
+    rng = np.random.default_rng(4)
+    sc = jequi.SymmetricContraction("4x0e+4x1o", "4x0e+4x1o", 3, 2)
+    species = rng.integers(0, 2, 20)
+    sc_weights = {k: rng.normal(size=shape) / shape[1] for k, shape in sc.weight_shapes.items()}
+    lin = jequi.IndexedLinear("4x0e+4x1o", "8x0e+2x1o", 2)
+    import e3nn_jax as e3nn
+
+    def irreps_array(irreps):
+        return lambda a: e3nn.IrrepsArray(irreps, a)
+
+    n, k, h, d = 12, 5, 2, 8
+    nbr = rng.integers(0, n, (n, k))
+    return [
+        ("symmetric", lambda a, b: sc(a[0], species, dict(zip(sc_weights, a[1:])), backend=b),
+         [rng.normal(size=(20, 16)), *sc_weights.values()], ["xla", "pallas"]),
+        ("indexed_linear", lambda a, b: lin(a[0], species, a[1]), [rng.normal(size=(20, 16)), rng.normal(size=lin.weight_numel)], ["xla"]),
+        ("sh_tensor_product", lambda a, b: jequi.sh_tensor_product(irreps_array("8x0e+8x1o")(a[0]), a[1], "0e+1o+2e", backend=b).array,
+         [rng.normal(size=(20, 32)), rng.normal(size=(20, 3))], ["xla", "pallas"]),
+        ("neighbor_attention", lambda a, b: jequi.neighbor_attention(a[0], a[1], a[2], nbr, backend=b),
+         [rng.normal(size=(n, h, d)) for _ in range(3)], ["xla", "pallas"]),
+    ]
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=lambda d: d.__name__)
+def test_the_other_ops_compute_in_float32(dtype):
+    """The symmetric contraction, species-indexed linear, EAAS product and neighbour attention
+    take half-precision inputs, compute in float32 and round their output once; their
+    gradients come back in the inputs' dtype."""
+    for name, call, inputs, backends in _other_ops():
+        rounded = [jnp.asarray(a, dtype) for a in inputs]
+        want = call([np.asarray(a, np.float64) for a in rounded], "xla")
+        for backend in backends:
+            got = call(rounded, backend)
+            assert got.dtype == dtype, name
+            assert_within(got, want, dtype)
+            g = jax.grad(lambda a: call([a, *rounded[1:]], backend).astype(jnp.float32).sum())(rounded[0])
+            assert g.dtype == dtype, name
+
+
+def test_so2_conv_computes_in_float32():
+    rng = np.random.default_rng(5)
+    dtype = jnp.bfloat16
+    layout = jequi.so2_layout("4x0e+4x1o", "4x0e+4x1o")
+    x = jnp.asarray(rng.normal(size=(6, 16)), dtype)
+    v = jnp.asarray(rng.normal(size=(6, 3)), dtype)
+    w = jnp.asarray(rng.normal(size=(6, layout.weight_numel)), dtype)
+    got = jequi.so2_conv(x, v, w, "4x0e+4x1o", irreps_in="4x0e+4x1o")
+    want = jequi.so2_conv(*(np.asarray(a, np.float64) for a in (x, v, w)), "4x0e+4x1o", irreps_in="4x0e+4x1o")
+    got, want = (a.array if hasattr(a, "array") else a for a in (got, want))
+    assert got.dtype == dtype
+    assert_within(got, want, dtype)
+
+
+def test_the_cuda_kernels_refuse_half_precision_before_running():
+    """The CUDA kernels take float32 and float64: half precision is a clear error there, and
+    the default backend never picks them for it."""
+    with pytest.raises(ValueError, match="takes float32 and float64 operands, not bfloat16"):
+        BACKENDS["cuda"].check_dtype(jnp.bfloat16)
+    BACKENDS["pallas"].check_dtype(jnp.float16)
+    tp = jequi.problems.get("nequip-water")
+    assert default_backend(tp.descriptor.trilinear, conv=True, dtype=jnp.bfloat16) != "cuda"
