@@ -125,11 +125,11 @@ def test_any_import_order_in_a_fresh_process(first):
 
 
 # jequi.models in layers, each importing only its own layer and those below: data (structures,
-# neighbour lists, padding, the device mesh, the architecture interface) <- architectures <-
-# training (the loss, single-device and data-parallel training) <- pretrained weights <-
+# neighbour lists, padding, the device mesh, the architecture interface, the precision policies) <-
+# architectures <- training (the loss, single-device and data-parallel training) <- pretrained weights <-
 # calculator and MD <- distribution (the sharded calculator and MD over a decomposition).
 MODEL_LAYERS = [
-    "data mesh architecture named",
+    "data mesh architecture named precision",
     "nequip mace nequix e2former",
     "loss train data_parallel",
     "pretrained",

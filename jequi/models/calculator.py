@@ -28,6 +28,7 @@ from ase.calculators.calculator import Calculator, PropertyNotImplementedError, 
 from ..graph import Graph
 from .data import bucket, neighbour_edges
 from .nequip import NequIPConfig
+from .precision import with_precision
 
 
 def load_model(model):
@@ -99,9 +100,9 @@ class JequiCalculator(Calculator):
     implemented_properties = ["energy", "free_energy", "energies", "forces", "stress"]
 
     def __init__(self, model="nequip-emt", backend=None, dtype="float32", growth: float = 1.25,
-                 min_atoms: int = 8, min_edges: int = 64, **kwargs):  # fmt: skip
+                 min_atoms: int = 8, min_edges: int = 64, precision: str | None = None, **kwargs):  # fmt: skip
         super().__init__(**kwargs)
-        self.params, self.config, self.dtype = calculator_model(model, backend, dtype)
+        self.params, self.config, self.dtype = calculator_model(model, backend, dtype, precision)
         config = self.config
         self.growth, self.min_atoms, self.min_edges = growth, min_atoms, min_edges
         # one jitted function per calculator: its cache holds one entry per (atom, edge) bucket
@@ -155,11 +156,12 @@ class JequiCalculator(Calculator):
         self.results = calculator_results(atoms, total, np.asarray(per_atom[:n]), np.asarray(forces[:n]), virial)
 
 
-def calculator_model(model, backend, dtype):
+def calculator_model(model, backend, dtype, precision: str | None = None):
     """``(params, config, dtype)`` of a calculator: :func:`load_model`'s, the params cast to
-    `dtype` (float32, or float64 under ``jax_enable_x64``) and `backend` set on the config
-    (None keeps the model's)."""
+    `dtype` (float32, or float64 under ``jax_enable_x64``), `backend` and the precision policy
+    `precision` (:mod:`jequi.models.precision`) set on the config (None keeps the model's)."""
     params, config = load_model(model)
+    config = with_precision(config, precision)
     dtype = jnp.dtype(dtype)
     if dtype not in (jnp.float32, jnp.float64):
         raise ValueError(f"dtype must be float32 or float64, got {dtype!r}")

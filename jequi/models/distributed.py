@@ -166,9 +166,10 @@ class ShardedCalculator(Calculator):
     implemented_properties = ["energy", "free_energy", "energies", "forces", "stress"]
 
     def __init__(self, model="nequip-emt", devices: int | None = None, scheme: str = "exchange", grid=None, backend=None,
-                 dtype="float32", growth: float = 1.25, min_atoms: int = 8, min_edges: int = 64, **kwargs):  # fmt: skip
+                 dtype="float32", growth: float = 1.25, min_atoms: int = 8, min_edges: int = 64, precision: str | None = None,
+                 **kwargs):  # fmt: skip
         super().__init__(**kwargs)
-        self.params, self.config, self.dtype = calculator_model(model, backend, dtype)
+        self.params, self.config, self.dtype = calculator_model(model, backend, dtype, precision)
         self.mesh = device_mesh(devices)
         self.decomposition = Decomposition(self.mesh.devices.size, scheme, grid, growth, min_atoms, min_edges)
         # shared by the calculators of one model and mesh: its cache holds one entry per layout

@@ -46,6 +46,7 @@ from ..symmetric_basis import torch_wigner_3j
 from .architecture import RadiusGraphModel
 from .named import flat_parameters, init_named, with_parameter
 from .nequip import species_index
+from .precision import policy
 
 # e3nn-torch's normalize2mom(silu) constant, what mace-torch's radial MLP and readout multiply
 # silu by (e3nn-jax's normalize_function gives 1.676562056080, mace-jax stores 1.67425609: a
@@ -94,6 +95,8 @@ class MACEConfig(RadiusGraphModel):
     contraction: object = "jequi"
     skip: object = "jequi"
     edge_chunks: int | None = None
+    # "float32", "tf32" or "bf16-mixed" (jequi.models.precision; docs/precision.md)
+    precision: str = "float32"
 
     def __post_init__(self):
         hidden = e3nn.Irreps(self.hidden)
@@ -237,7 +240,7 @@ def linear(x, irreps_in: e3nn.Irreps, irreps_out: e3nn.Irreps, w):
             continue
         xs = jnp.concatenate([x[:, offsets[i] : offsets[i + 1]].reshape(n, irreps_in[i].mul, io.dim) for i, _ in blocks[o]], axis=1)
         ws = jnp.concatenate([w[p : p + irreps_in[i].mul * mo].reshape(irreps_in[i].mul, mo) for i, p in blocks[o]], axis=0)
-        y = jnp.einsum("nud,uw->nwd", xs, ws.astype(x.dtype) / np.sqrt(ws.shape[0]), precision=jax.lax.Precision.HIGHEST)
+        y = jnp.einsum("nud,uw->nwd", xs, ws.astype(x.dtype) / np.sqrt(ws.shape[0]))  # at the policy's precision
         parts.append(y.reshape(n, mo * io.dim))
     return jnp.concatenate(parts, axis=1)
 
@@ -253,8 +256,12 @@ def radial_basis(config: MACEConfig, r):
 
 
 def _convolve(config: MACEConfig, tp: TensorProduct, x, sh, radial, hidden_fn, kernel, graph: Graph):
+    dtype = policy(config.precision).conv_dtype
     if config.conv == "jequi":
-        return tp.radial_conv(x, sh, radial, kernel, graph, hidden_fn=hidden_fn, edge_chunks=config.edge_chunks, backend=config.backend)
+        out = tp.radial_conv(x, sh, radial, kernel, graph, hidden_fn=hidden_fn, edge_chunks=config.edge_chunks, dtype=dtype, backend=config.backend)
+        return out.astype(x.dtype)
+    if dtype is not None:
+        raise ValueError(f"precision={config.precision!r} stores the convolutions in half precision: it needs conv='jequi'")
     weights = hidden_fn(radial) @ kernel
     if callable(config.conv):
         out = config.conv(tp, e3nn.IrrepsArray(tp.irreps_in1, x), e3nn.IrrepsArray(tp.irreps_in2, sh), weights, graph)
@@ -291,6 +298,11 @@ def atomic_energies(p: dict, config: MACEConfig, species, positions, graph: Grap
     receiver index out of range add nothing); ``cell`` ``(3, 3)`` for periodic shifts.
     ``exchange``: as :func:`jequi.models.nequip.atomic_energies` (a device's part of a structure:
     appends the ghost atoms' rows to each conv's input)."""
+    with policy(config.precision).matmuls():
+        return _atomic_energies(p, config, species, positions, graph, cell, exchange)
+
+
+def _atomic_energies(p: dict, config: MACEConfig, species, positions, graph: Graph, cell, exchange):
     dtype = positions.dtype
     s, k = len(config.species), config.channels
     sh_irreps = e3nn.Irreps.spherical_harmonics(config.sh_lmax)

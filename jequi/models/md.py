@@ -28,6 +28,7 @@ import numpy as np
 from ..graph import Graph
 from .calculator import load_model
 from .nequip import NequIPConfig
+from .precision import with_precision
 
 
 def thermalize(atoms, temperature_K: float, seed: int = 0):
@@ -190,7 +191,7 @@ class DeviceMD:
     :meth:`run` advances the state and returns per-step energies."""
 
     def __init__(self, atoms, model="nequip-emt", *, timestep_fs: float = 1.0, skin: float = 0.5, rebuild_every: int = 10,
-                 backend=None, dtype="float32"):  # fmt: skip
+                 backend=None, dtype="float32", precision: str | None = None):  # fmt: skip
         from ase import units
 
         if not np.all(atoms.pbc):
@@ -198,6 +199,7 @@ class DeviceMD:
         if rebuild_every < 1 or skin <= 0:
             raise ValueError(f"rebuild_every must be >= 1 and skin > 0, got {rebuild_every}, {skin}")
         params, config = load_model(model)
+        config = with_precision(config, precision)
         if backend is not None:
             config = dataclasses.replace(config, backend=backend)
         dtype = jnp.dtype(dtype)

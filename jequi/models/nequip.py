@@ -28,6 +28,7 @@ from ..atoms import edge_vectors
 from ..graph import Graph
 from ..products import TensorProduct, channelwise
 from .architecture import RadiusGraphModel, with_species_shift
+from .precision import policy
 
 
 def species_index(species, numbers) -> np.ndarray:
@@ -60,6 +61,8 @@ class NequIPConfig(RadiusGraphModel):
     conv: object = "jequi"
     # edge chunks of the "jequi" conv (TensorProduct.radial_conv; None: its memory rule)
     edge_chunks: int | None = None
+    # "float32", "tf32" or "bf16-mixed" (jequi.models.precision; docs/precision.md)
+    precision: str = "float32"
 
     def species_index(self, numbers) -> np.ndarray:
         """Atomic numbers -> indices into :attr:`species` (ValueError for unknown elements)."""
@@ -123,8 +126,12 @@ def _radial_mlp(param, name: str, sizes):
 
 
 def _convolve(config: NequIPConfig, tp: TensorProduct, x, sh, radial, hidden_fn, kernel, graph: Graph):
+    dtype = policy(config.precision).conv_dtype
     if config.conv == "jequi":
-        return tp.radial_conv(x, sh, radial, kernel, graph, hidden_fn=hidden_fn, edge_chunks=config.edge_chunks, backend=config.backend)
+        out = tp.radial_conv(x, sh, radial, kernel, graph, hidden_fn=hidden_fn, edge_chunks=config.edge_chunks, dtype=dtype, backend=config.backend)
+        return out.astype(x.dtype)
+    if dtype is not None:
+        raise ValueError(f"precision={config.precision!r} stores the convolutions in half precision: it needs conv='jequi'")
     weights = hidden_fn(radial) @ kernel
     if callable(config.conv):
         return config.conv(tp, x, sh, weights, graph)
@@ -149,6 +156,11 @@ def atomic_energies(param, config: NequIPConfig, species, positions, graph: Grap
     convolution's input; ``species`` then holds this device's atoms, ``positions`` those atoms
     followed by the ghosts, and ``graph`` has this device's atoms as receivers, all as senders.
     """
+    with policy(config.precision).matmuls():
+        return _atomic_energies(param, config, species, positions, graph, cell, exchange)
+
+
+def _atomic_energies(param, config: NequIPConfig, species, positions, graph: Graph, cell, exchange):
     hidden = e3nn.Irreps(config.hidden)
     sh_irreps = e3nn.Irreps.spherical_harmonics(config.sh_lmax)
     valid = graph.receivers < graph.num_nodes

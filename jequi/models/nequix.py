@@ -24,8 +24,8 @@ format is one JSON line of hyper-parameters, then every array of the module in E
 order as ``.npy`` records. :func:`parameter_shapes` is that order.
 
 Nequix's package sets ``jax_default_matmul_precision`` to ``"highest"`` when imported, so its
-float32 matmuls never run in TF32. :attr:`NequixConfig.matmul_precision` does the same inside
-the model only.
+float32 matmuls never run in TF32. :attr:`NequixConfig.precision`'s default, ``"float32"``
+(:mod:`jequi.models.precision`), does the same inside the model only.
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ from ..products import channelwise
 from .architecture import RadiusGraphModel
 from .named import flat_parameters, init_named, with_parameter
 from .nequip import species_index
+from .precision import policy
 
 # Nequix's training sets: MPtrj's 89 elements (Z = 1-83, 89-94), in index order.
 MP_SPECIES = tuple(range(1, 84)) + tuple(range(89, 95))
@@ -59,8 +60,9 @@ class NequixConfig(RadiusGraphModel):
     ``nequix-oam-1``: 4 layers, ``128x0e+64x1o+32x2e+32x3o``, r_max 6 Å).
 
     The fields map onto a ``.nqx`` file's JSON keys (:data:`NQX_KEYS`). ``species``: atomic
-    numbers in index order (Nequix sorts them). ``matmul_precision``: the precision of the
-    model's matmuls, ``"highest"`` as Nequix's package sets it. ``backend`` / ``conv`` /
+    numbers in index order (Nequix sorts them). ``precision``: the policy of
+    :mod:`jequi.models.precision` (``"float32"``: matmuls at ``"highest"``, as Nequix's package
+    sets them; ``"tf32"``, ``"bf16-mixed"``: docs/precision.md). ``backend`` / ``conv`` /
     ``edge_chunks``: as in :class:`jequi.models.NequIPConfig`; ``conv="e3nn"`` runs Nequix's own
     gather, e3nn-jax product and scatter.
     """
@@ -80,7 +82,7 @@ class NequixConfig(RadiusGraphModel):
     shift: float = 0.0
     scale: float = 1.0
     avg_num_neighbors: float = 1.0
-    matmul_precision: str = "highest"
+    precision: str = "float32"
     backend: str | None = None
     conv: object = "jequi"
     edge_chunks: int | None = None
@@ -251,8 +253,14 @@ def polynomial_cutoff(r, r_max: float, p: float):
 
 
 def _convolve(config: NequixConfig, layer: _Layer, x, sh, radial, hidden_fn, kernel, graph: Graph):
+    dtype = policy(config.precision).conv_dtype
     if config.conv == "jequi":
-        return layer.tp.radial_conv(x, sh, radial, kernel, graph, hidden_fn=hidden_fn, edge_chunks=config.edge_chunks, backend=config.backend)
+        out = layer.tp.radial_conv(
+            x, sh, radial, kernel, graph, hidden_fn=hidden_fn, edge_chunks=config.edge_chunks, dtype=dtype, backend=config.backend
+        )
+        return out.astype(x.dtype)
+    if dtype is not None:
+        raise ValueError(f"precision={config.precision!r} stores the convolutions in half precision: it needs conv='jequi'")
     weights = hidden_fn(radial) @ kernel
     if callable(config.conv):
         return config.conv(layer.tp, x, sh, weights, graph)
@@ -266,7 +274,7 @@ def _convolve(config: NequixConfig, layer: _Layer, x, sh, radial, hidden_fn, ker
 def atomic_energies(p: dict, config: NequixConfig, species, positions, graph: Graph, cell=None, exchange=None):
     """Per-atom energies ``(N,)``; arguments as :func:`jequi.models.nequip.atomic_energies`
     (``exchange``: the ghost rows of each conv's input, for a structure split over devices)."""
-    with jax.default_matmul_precision(config.matmul_precision):
+    with policy(config.precision).matmuls():
         return _atomic_energies(p, config, species, positions, graph, cell, exchange)
 
 

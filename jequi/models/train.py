@@ -17,6 +17,7 @@ import numpy as np
 from .data import Batch, Structure, batch, structure_edges
 from .loss import errors
 from .nequip import NequIPConfig
+from .precision import with_precision
 
 
 def fit_species_shift(config: NequIPConfig, structures: list[Structure]) -> np.ndarray:
@@ -101,16 +102,20 @@ def train(
     seconds: float | None = None,
     log=None,
     devices: int = 1,
+    precision: str | None = None,
 ):
     """Train with Adam (cosine-decayed learning rate) on energies and forces; returns
     ``(params, history)``. A progress bar shows the loss; validation MAEs are logged every
     `eval_every` steps (to `log`, a function of a line, if given). `seconds`: a wall-time budget
     for the loop; the step count is then set after timing the first steps (at most `steps`),
     and the learning rate decays over that count. `devices` > 1: data-parallel over that many
-    devices, each batch split between them (:mod:`jequi.models.data_parallel`; the same steps)."""
+    devices, each batch split between them (:mod:`jequi.models.data_parallel`; the same steps).
+    `precision`: the model's precision policy for the run (:mod:`jequi.models.precision`; None:
+    the config's)."""
     import optax
     from tqdm.auto import tqdm
 
+    config = with_precision(config, precision)
     if devices > 1:
         from . import data_parallel
         from .mesh import device_mesh

@@ -1,0 +1,187 @@
+"""Half precision on one GPU: the models' convolutions stored in bfloat16 / float16 against
+float32, and the Nequix foundation model's MD step (energy, forces, stress) under each precision
+policy (jequi.models.precision), with its errors against float32 and float64.
+
+* ``conv``: the fused conv of each model product (``--problems``) on the graph of a rattled
+  Cu-Au alloy (``--conv-atoms`` atoms, the product's model's cutoff), forward and forward +
+  backward (the gradients of x, y and w), per dtype and backend: float32 on the default
+  backend (cuda for the wide products) and on pallas, bfloat16 and float16 on pallas. The HBM
+  bound is the bytes each pass must move (inputs read once, outputs written once) at the copy
+  bandwidth measured here.
+* ``model``: ``nequix-oam-1``'s efs step at ``--atoms`` under each policy: median ms, and the
+  energy (per atom), force and stress errors against float32 and against float64 (x64).
+
+Device tool, from the repo root: ``bash benchmarks/precision_run.sh``. Writes
+``<date>-<device>-precision.{json,md}`` into --out (and $OUT).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import functools
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from model_step import alloy
+from nequix_step import graph_arrays, jequi_inputs
+from timing import median_ms, save, versions
+
+import jequi
+from jequi.models.calculator import _evaluate, calculator_model
+from jequi.models.data import neighbour_edges
+
+PROBLEMS = {"nequix-main": 6.0, "nequip-oam-main": 6.0, "mace-large": 5.0}  # product: its model's cutoff (Å)
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def copy_bandwidth(mb: int = 2048) -> float:
+    """GB/s of a device copy (read + write) of `mb` MB."""
+    a = jnp.ones((mb * 2**20 // 4,), jnp.float32)
+    f = jax.jit(lambda a: a + 1)
+    jax.block_until_ready(f(a))
+    return 2 * a.nbytes / (median_ms(f, (a,)) * 1e-3) / 1e9
+
+
+def conv_cells(problem: str, atoms_target: int, bandwidth: float) -> list[dict]:
+    tp = jequi.problems.get(problem)
+    atoms = alloy(atoms_target)
+    s, r, _ = neighbour_edges(atoms, PROBLEMS[problem])
+    n, e = len(atoms), len(s)
+    graph = jequi.Graph.build(jnp.asarray(s), jnp.asarray(r), n)
+    d1, d2, do = tp.descriptor.dims
+    nw = tp.weight_numel
+    rng = np.random.default_rng(0)
+    base = [rng.normal(size=shape) for shape in ((n, d1), (e, d2), (e, nw), (n, do))]
+    rows = []
+    for dtype in DTYPES:
+        x, y, w, g = (jnp.asarray(a, dtype) for a in base)
+        item = jnp.dtype(dtype).itemsize
+        # bytes: fwd reads x (per node), y and w (per edge), writes out; fwd+bwd also reads g and
+        # writes gx, gy, gw
+        fwd_bytes = item * (n * d1 + e * (d2 + nw) + n * do)
+        bwd_bytes = fwd_bytes + item * (n * do + n * d1 + e * (d2 + nw))
+        backends = [jequi.default_backend(tp.descriptor.trilinear, conv=True, dtype=dtype), "pallas"]
+        for backend in dict.fromkeys(backends):
+            fwd = jax.jit(lambda x, y, w, b=backend: tp.conv(x, y, w, graph, backend=b))
+
+            def both(x, y, w, g, b=backend):
+                out, vjp = jax.vjp(lambda *a: tp.conv(*a, graph, backend=b), x, y, w)
+                return out, vjp(g)
+
+            both = jax.jit(both)
+            cell = {"problem": problem, "atoms": n, "edges": e, "dtype": dtype, "backend": backend}
+            try:
+                jax.block_until_ready(fwd(x, y, w))
+                jax.block_until_ready(both(x, y, w, g))
+                cell["fwd_ms"] = median_ms(fwd, (x, y, w))
+                cell["fwd_bwd_ms"] = median_ms(both, (x, y, w, g))
+                cell["fwd_bound_ms"] = fwd_bytes / bandwidth / 1e6
+                cell["fwd_bwd_bound_ms"] = bwd_bytes / bandwidth / 1e6
+            except Exception as err:  # noqa: BLE001 (an OOM or a lowering failure: recorded)
+                cell["error"] = f"{type(err).__name__}: {str(err)[:300]}"
+            print(cell, flush=True)
+            rows.append(cell)
+    return rows
+
+
+def model_cells(model: str, atoms_target: int, policies) -> list[dict]:
+    atoms = alloy(atoms_target)
+    results, rows = {}, []
+    for name, dtype in [*((p, "float32") for p in policies), ("float32", "float64")]:
+        if dtype == "float64":  # the oracle last: the float32 cells run as users run them, without x64
+            jax.config.update("jax_enable_x64", True)
+        params, config, _ = calculator_model(model, None, dtype, name)
+        edges = graph_arrays(atoms, config.cutoff)
+        inputs = jequi_inputs(config, atoms, edges)
+        if dtype == "float64":
+            inputs = tuple(a.astype(jnp.float64) if jnp.issubdtype(a.dtype, jnp.floating) else a for a in inputs)
+        fn = jax.jit(functools.partial(_evaluate, config))
+        args = (params, *inputs)
+        total, per_atom, forces, virial = jax.block_until_ready(fn(*args))
+        n = len(atoms)
+        key = f"{name}/{dtype}"
+        results[key] = (float(total), np.asarray(forces[:n], np.float64), np.asarray(virial, np.float64))
+        cell = {"model": model, "atoms": n, "edges": len(edges[0]), "policy": name, "dtype": dtype, "ms": median_ms(fn, args, repeat=5, calls=3)}
+        rows.append(cell)
+        print(cell, flush=True)
+    volume = float(abs(np.linalg.det(atoms.cell.array)))
+    for cell in rows:
+        e, f, v = results[f"{cell['policy']}/{cell['dtype']}"]
+        for ref in ("float32/float32", "float32/float64"):
+            e0, f0, v0 = results[ref]
+            tag = ref.split("/")[1]
+            cell[f"energy_mev_per_atom_vs_{tag}"] = 1e3 * abs(e - e0) / len(atoms)
+            cell[f"force_mae_mev_per_a_vs_{tag}"] = 1e3 * float(np.abs(f - f0).mean())
+            cell[f"stress_max_mev_per_a3_vs_{tag}"] = 1e3 * float(np.abs(v - v0).max()) / volume
+    return rows
+
+
+def markdown(result) -> str:
+    m = result["meta"]
+    out = [f"# Half precision: convs and the Nequix MD step ({m['device']}, {m['date']})", "",
+           f"jax {m['versions'].get('jax')}, jequi {m['versions'].get('jequi')}; copy bandwidth {m['bandwidth_GBps']:.0f} GB/s. "
+           "Script: benchmarks/precision_benchmark.py.", ""]  # fmt: skip
+    if result["conv"]:
+        out += ["## Convs (median ms; bound: bytes moved at the copy bandwidth)", "",
+                "| problem | atoms / edges | dtype | backend | fwd | fwd+bwd | fwd bound | fwd+bwd bound | fwd+bwd vs float32 best |",
+                "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        best32 = {}
+        for c in result["conv"]:
+            if c["dtype"] == "float32" and "fwd_bwd_ms" in c:
+                best32[c["problem"]] = min(best32.get(c["problem"], 1e30), c["fwd_bwd_ms"])
+        for c in result["conv"]:
+            if "error" in c:
+                out.append(f"| {c['problem']} | {c['atoms']} / {c['edges']} | {c['dtype']} | {c['backend']} | {c['error']} | | | | |")
+                continue
+            ratio = best32.get(c["problem"], float("nan")) / c["fwd_bwd_ms"]
+            out.append(f"| {c['problem']} | {c['atoms']} / {c['edges']} | {c['dtype']} | {c['backend']} | {c['fwd_ms']:.3f} | "
+                       f"{c['fwd_bwd_ms']:.3f} | {c['fwd_bound_ms']:.3f} | {c['fwd_bwd_bound_ms']:.3f} | {ratio:.2f}x |")  # fmt: skip
+    if result["model"]:
+        out += ["", "## Nequix MD step (energy, forces, stress) per policy", "",
+                "| atoms / edges | policy | dtype | ms | vs float32 | |ΔE| meV/atom vs f32 / f64 | force MAE meV/Å vs f32 / f64 | "
+                "stress max meV/Å³ vs f32 / f64 |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        base = next(c["ms"] for c in result["model"] if c["policy"] == "float32" and c["dtype"] == "float32")
+        for c in result["model"]:
+            out.append(f"| {c['atoms']} / {c['edges']} | {c['policy']} | {c['dtype']} | {c['ms']:.2f} | {base / c['ms']:.2f}x | "
+                       f"{c['energy_mev_per_atom_vs_float32']:.3f} / {c['energy_mev_per_atom_vs_float64']:.3f} | "
+                       f"{c['force_mae_mev_per_a_vs_float32']:.3f} / {c['force_mae_mev_per_a_vs_float64']:.3f} | "
+                       f"{c['stress_max_mev_per_a3_vs_float32']:.4f} / {c['stress_max_mev_per_a3_vs_float64']:.4f} |")  # fmt: skip
+    return "\n".join(out) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--problems", default=",".join(PROBLEMS))
+    ap.add_argument("--conv-atoms", type=int, default=4000)
+    ap.add_argument("--model", default="nequix-oam-1")
+    ap.add_argument("--atoms", default="4000", help="comma list of structure sizes for the model step")
+    ap.add_argument("--policies", default="float32,tf32,bf16-mixed")
+    ap.add_argument("--skip", default="", help="comma list of parts to skip: conv, model")
+    ap.add_argument("--out", default=str(pathlib.Path(__file__).resolve().parent / "results"))
+    a = ap.parse_args()
+    skip = set(filter(None, a.skip.split(",")))
+    device = jax.devices()[0].device_kind
+    meta = {"date": datetime.date.today().isoformat(), "device": device, "versions": versions("e3nn-jax"), "bandwidth_GBps": copy_bandwidth()}
+    result = {"meta": meta, "date": meta["date"], "device": device, "conv": [], "model": []}
+
+    def write():
+        save(result, "precision", markdown(result), a.out)
+
+    if "conv" not in skip:
+        for p in a.problems.split(","):
+            result["conv"] += conv_cells(p, a.conv_atoms, meta["bandwidth_GBps"])
+            write()
+    if "model" not in skip:
+        for atoms in map(int, a.atoms.split(",")):
+            result["model"] += model_cells(a.model, atoms, a.policies.split(","))
+            write()
+            jax.config.update("jax_enable_x64", False)
+    print(markdown(result))
+
+
+if __name__ == "__main__":
+    main()
