@@ -9,7 +9,8 @@ policy (jequi.models.precision), with its errors against float32 and float64.
   bound is the bytes each pass must move (inputs read once, outputs written once) at the copy
   bandwidth measured here.
 * ``model``: ``nequix-oam-1``'s efs step at ``--atoms`` under each policy: median ms, and the
-  energy (per atom), force and stress errors against float32 and against float64 (x64).
+  energy (per atom), force and stress errors against float32 and against float64 (x64) on
+  ``--oracle-backend`` (xla: the pure-JAX reference).
 
 Device tool, from the repo root: ``bash benchmarks/precision_run.sh``. Writes
 ``<date>-<device>-precision.{json,md}`` into --out (and $OUT).
@@ -88,13 +89,18 @@ def conv_cells(problem: str, atoms_target: int, bandwidth: float) -> list[dict]:
     return rows
 
 
-def model_cells(model: str, atoms_target: int, policies) -> list[dict]:
+def model_cells(model: str, atoms_target: int, policies, oracle_backend: str | None) -> list[dict]:
+    """The efs step per policy (float32 parameters, the default backends), then float64 (the
+    default backends, and `oracle_backend`'s: the oracle the errors are taken against, where given)."""
     atoms = alloy(atoms_target)
+    cells = [*((p, "float32", None) for p in policies), ("float32", "float64", None)]
+    if oracle_backend:
+        cells += [("float32", "float32", oracle_backend), ("float32", "float64", oracle_backend)]
     results, rows = {}, []
-    for name, dtype in [*((p, "float32") for p in policies), ("float32", "float64")]:
+    for name, dtype, backend in cells:
         if dtype == "float64":  # the oracle last: the float32 cells run as users run them, without x64
             jax.config.update("jax_enable_x64", True)
-        params, config, _ = calculator_model(model, None, dtype, name)
+        params, config, _ = calculator_model(model, backend, dtype, name)
         edges = graph_arrays(atoms, config.cutoff)
         inputs = jequi_inputs(config, atoms, edges)
         if dtype == "float64":
@@ -103,17 +109,17 @@ def model_cells(model: str, atoms_target: int, policies) -> list[dict]:
         args = (params, *inputs)
         total, per_atom, forces, virial = jax.block_until_ready(fn(*args))
         n = len(atoms)
-        key = f"{name}/{dtype}"
-        results[key] = (float(total), np.asarray(forces[:n], np.float64), np.asarray(virial, np.float64))
-        cell = {"model": model, "atoms": n, "edges": len(edges[0]), "policy": name, "dtype": dtype, "ms": median_ms(fn, args, repeat=5, calls=3)}
+        results[name, dtype, backend] = (float(total), np.asarray(forces[:n], np.float64), np.asarray(virial, np.float64))
+        cell = {"model": model, "atoms": n, "edges": len(edges[0]), "policy": name, "dtype": dtype, "backend": backend or "default",
+                "ms": median_ms(fn, args, repeat=5, calls=3)}  # fmt: skip
         rows.append(cell)
         print(cell, flush=True)
     volume = float(abs(np.linalg.det(atoms.cell.array)))
+    refs = {"float32": ("float32", "float32", None), "float64": ("float32", "float64", oracle_backend)}
     for cell in rows:
-        e, f, v = results[f"{cell['policy']}/{cell['dtype']}"]
-        for ref in ("float32/float32", "float32/float64"):
+        e, f, v = results[cell["policy"], cell["dtype"], None if cell["backend"] == "default" else cell["backend"]]
+        for tag, ref in refs.items():
             e0, f0, v0 = results[ref]
-            tag = ref.split("/")[1]
             cell[f"energy_mev_per_atom_vs_{tag}"] = 1e3 * abs(e - e0) / len(atoms)
             cell[f"force_mae_mev_per_a_vs_{tag}"] = 1e3 * float(np.abs(f - f0).mean())
             cell[f"stress_max_mev_per_a3_vs_{tag}"] = 1e3 * float(np.abs(v - v0).max()) / volume
@@ -142,11 +148,11 @@ def markdown(result) -> str:
                        f"{c['fwd_bwd_ms']:.3f} | {c['fwd_bound_ms']:.3f} | {c['fwd_bwd_bound_ms']:.3f} | {ratio:.2f}x |")  # fmt: skip
     if result["model"]:
         out += ["", "## Nequix MD step (energy, forces, stress) per policy", "",
-                "| atoms / edges | policy | dtype | ms | vs float32 | |ΔE| meV/atom vs f32 / f64 | force MAE meV/Å vs f32 / f64 | "
-                "stress max meV/Å³ vs f32 / f64 |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
-        base = next(c["ms"] for c in result["model"] if c["policy"] == "float32" and c["dtype"] == "float32")
+                "| atoms / edges | policy | dtype | backend | ms | vs float32 | |ΔE| meV/atom vs f32 / f64 | force MAE meV/Å vs f32 / f64 | "
+                "stress max meV/Å³ vs f32 / f64 |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        base = next(c["ms"] for c in result["model"] if c["policy"] == "float32" and c["dtype"] == "float32" and c["backend"] == "default")
         for c in result["model"]:
-            out.append(f"| {c['atoms']} / {c['edges']} | {c['policy']} | {c['dtype']} | {c['ms']:.2f} | {base / c['ms']:.2f}x | "
+            out.append(f"| {c['atoms']} / {c['edges']} | {c['policy']} | {c['dtype']} | {c['backend']} | {c['ms']:.2f} | {base / c['ms']:.2f}x | "
                        f"{c['energy_mev_per_atom_vs_float32']:.3f} / {c['energy_mev_per_atom_vs_float64']:.3f} | "
                        f"{c['force_mae_mev_per_a_vs_float32']:.3f} / {c['force_mae_mev_per_a_vs_float64']:.3f} | "
                        f"{c['stress_max_mev_per_a3_vs_float32']:.4f} / {c['stress_max_mev_per_a3_vs_float64']:.4f} |")  # fmt: skip
@@ -160,6 +166,7 @@ def main():
     ap.add_argument("--model", default="nequix-oam-1")
     ap.add_argument("--atoms", default="4000", help="comma list of structure sizes for the model step")
     ap.add_argument("--policies", default="float32,tf32,bf16-mixed")
+    ap.add_argument("--oracle-backend", default="xla", help="backend of the float64 oracle ('' : the default backends)")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: conv, model")
     ap.add_argument("--out", default=str(pathlib.Path(__file__).resolve().parent / "results"))
     a = ap.parse_args()
@@ -177,7 +184,7 @@ def main():
             write()
     if "model" not in skip:
         for atoms in map(int, a.atoms.split(",")):
-            result["model"] += model_cells(a.model, atoms, a.policies.split(","))
+            result["model"] += model_cells(a.model, atoms, a.policies.split(","), a.oracle_backend or None)
             write()
             jax.config.update("jax_enable_x64", False)
     print(markdown(result))

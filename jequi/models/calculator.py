@@ -167,6 +167,8 @@ def calculator_model(model, backend, dtype, precision: str | None = None):
         raise ValueError(f"dtype must be float32 or float64, got {dtype!r}")
     if dtype == jnp.float64 and not jax.config.jax_enable_x64:
         raise ValueError("dtype float64 needs jax.config.update('jax_enable_x64', True) first")
+    if dtype == jnp.float64 and getattr(config, "precision", "float32") != "float32":
+        raise ValueError(f"precision={config.precision!r} trades float32's accuracy for speed; a float64 model runs precision='float32'")
     if backend is not None:
         config = dataclasses.replace(config, backend=backend)
     return jax.tree.map(lambda a: jnp.asarray(a, dtype), params), config, dtype

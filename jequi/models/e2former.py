@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import e3nn_jax as e3nn
 import flax.linen as nn
@@ -279,7 +280,7 @@ def edge_attention(q, k, v_edge, nbr, logit_bias, envelope, post_scale):
     n_src = k.shape[0]
     valid = ((nbr >= 0) & (nbr < n_src))[..., None]
     kj = k[jnp.where(valid[..., 0], nbr, 0)]
-    s = jnp.einsum("nhd,nkhd->nkh", q, kj) / np.sqrt(q.shape[-1]) + logit_bias
+    s = jnp.einsum("nhd,nkhd->nkh", q, kj) / math.sqrt(q.shape[-1]) + logit_bias
     mu = jnp.max(jnp.where(valid, s, -jnp.inf), axis=1, keepdims=True)
     mu = jnp.where(jnp.isfinite(mu), mu, 0.0)
     a = jnp.where(valid, jnp.exp(jnp.where(valid, s, mu) - mu) * envelope, 0.0)
@@ -330,7 +331,7 @@ def equivariant_attention(q, k, h, source_node, p_src, p_dst, nbr, *, heads, fil
 # --- the model -----------------------------------------------------------------------------------
 def _mlp(param, name, x, sizes, act=jax.nn.silu):
     for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
-        x = x @ param(f"{name}.w{i}", (a, b), 1.0) / np.sqrt(a)
+        x = x @ param(f"{name}.w{i}", (a, b), 1.0) / math.sqrt(a)
         if i < len(sizes) - 2:
             x = act(x)
     return x

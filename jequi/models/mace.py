@@ -46,7 +46,7 @@ from ..symmetric_basis import torch_wigner_3j
 from .architecture import RadiusGraphModel
 from .named import flat_parameters, init_named, with_parameter
 from .nequip import species_index
-from .precision import policy
+from .precision import exact_geometry, policy
 
 # e3nn-torch's normalize2mom(silu) constant, what mace-torch's radial MLP and readout multiply
 # silu by (e3nn-jax's normalize_function gives 1.676562056080, mace-jax stores 1.67425609: a
@@ -240,7 +240,7 @@ def linear(x, irreps_in: e3nn.Irreps, irreps_out: e3nn.Irreps, w):
             continue
         xs = jnp.concatenate([x[:, offsets[i] : offsets[i + 1]].reshape(n, irreps_in[i].mul, io.dim) for i, _ in blocks[o]], axis=1)
         ws = jnp.concatenate([w[p : p + irreps_in[i].mul * mo].reshape(irreps_in[i].mul, mo) for i, p in blocks[o]], axis=0)
-        y = jnp.einsum("nud,uw->nwd", xs, ws.astype(x.dtype) / np.sqrt(ws.shape[0]))  # at the policy's precision
+        y = jnp.einsum("nud,uw->nwd", xs, ws.astype(x.dtype) / math.sqrt(ws.shape[0]))  # at the policy's precision
         parts.append(y.reshape(n, mo * io.dim))
     return jnp.concatenate(parts, axis=1)
 
@@ -249,7 +249,7 @@ def radial_basis(config: MACEConfig, r):
     """mace-torch's Bessel basis times its polynomial cutoff (``p``), zero from ``r_max`` on."""
     rc, p = config.cutoff, config.polynomial_p
     n = jnp.arange(1, config.num_bessel + 1, dtype=r.dtype)
-    bessel = np.sqrt(2.0 / rc) * jnp.sin(n * np.pi * r[:, None] / rc) / r[:, None]
+    bessel = math.sqrt(2.0 / rc) * jnp.sin(n * np.pi * r[:, None] / rc) / r[:, None]
     u = r / rc
     envelope = 1 - (p + 1) * (p + 2) / 2 * u**p + p * (p + 2) * u ** (p + 1) - p * (p + 1) / 2 * u ** (p + 2)
     return bessel * (envelope * (r < rc))[:, None]
@@ -307,15 +307,16 @@ def _atomic_energies(p: dict, config: MACEConfig, species, positions, graph: Gra
     s, k = len(config.species), config.channels
     sh_irreps = e3nn.Irreps.spherical_harmonics(config.sh_lmax)
     valid = graph.receivers < graph.num_nodes
-    vectors = -edge_vectors(graph, positions, cell)  # mace-torch's: pos[receiver] - pos[sender]
-    vectors = jnp.where(valid[:, None], vectors, jnp.array([config.cutoff, 0.0, 0.0], dtype))
-    r = jnp.sqrt(jnp.sum(vectors**2, axis=-1))
-    sh = e3nn.spherical_harmonics(sh_irreps, vectors, normalize=True, normalization="component").array
-    radial = radial_basis(config, r)
+    with exact_geometry():  # edge vectors, harmonics, radial basis: float32 under every policy
+        vectors = -edge_vectors(graph, positions, cell)  # mace-torch's: pos[receiver] - pos[sender]
+        vectors = jnp.where(valid[:, None], vectors, jnp.array([config.cutoff, 0.0, 0.0], dtype))
+        r = jnp.sqrt(jnp.sum(vectors**2, axis=-1))
+        sh = e3nn.spherical_harmonics(sh_irreps, vectors, normalize=True, normalization="component").array
+        radial = radial_basis(config, r)
 
     e0 = jax.lax.stop_gradient(p["atomic_energies_fn.atomic_energies"].astype(dtype))[species]
     onehot = jax.nn.one_hot(species, s, dtype=dtype)
-    h = onehot @ p["node_embedding.linear.weight"].astype(dtype).reshape(s, k) / np.sqrt(s)
+    h = onehot @ p["node_embedding.linear.weight"].astype(dtype).reshape(s, k) / math.sqrt(s)
     readouts = jnp.zeros(species.shape, dtype)
     c = config.activation_scale
     for t, layer in enumerate(layers(config)):
@@ -337,11 +338,11 @@ def _atomic_energies(p: dict, config: MACEConfig, species, positions, graph: Gra
         if sc is not None:
             h = h + sc
         if t < config.num_layers - 1:
-            readouts = readouts + h[:, :k] @ p[f"readouts.{t}.linear.weight"].astype(dtype) / np.sqrt(k)
+            readouts = readouts + h[:, :k] @ p[f"readouts.{t}.linear.weight"].astype(dtype) / math.sqrt(k)
         else:
             m = config.readout_mlp
-            z = h[:, :k] @ p[f"readouts.{t}.linear_1.weight"].astype(dtype).reshape(k, m) / np.sqrt(k)
-            readouts = readouts + (c * jax.nn.silu(z)) @ p[f"readouts.{t}.linear_2.weight"].astype(dtype) / np.sqrt(m)
+            z = h[:, :k] @ p[f"readouts.{t}.linear_1.weight"].astype(dtype).reshape(k, m) / math.sqrt(k)
+            readouts = readouts + (c * jax.nn.silu(z)) @ p[f"readouts.{t}.linear_2.weight"].astype(dtype) / math.sqrt(m)
     scale = jax.lax.stop_gradient(p["scale_shift.scale"].astype(dtype))
     shift = jax.lax.stop_gradient(p["scale_shift.shift"].astype(dtype))
     return e0 + scale * readouts + shift
@@ -353,8 +354,8 @@ def _radial_hidden(config: MACEConfig, mlp):
 
     def hidden_fn(h):
         for w in mlp[:-1]:
-            h = c * jax.nn.silu(h @ w.astype(h.dtype) / np.sqrt(w.shape[0]))
-        return h / np.sqrt(mlp[-1].shape[0])
+            h = c * jax.nn.silu(h @ w.astype(h.dtype) / math.sqrt(w.shape[0]))
+        return h / math.sqrt(mlp[-1].shape[0])
 
     return hidden_fn
 

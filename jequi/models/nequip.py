@@ -16,6 +16,7 @@ minus the gradient of the energy with respect to the positions (:func:`energy_an
 from __future__ import annotations
 
 import dataclasses
+import math
 import functools
 
 import e3nn_jax as e3nn
@@ -28,7 +29,7 @@ from ..atoms import edge_vectors
 from ..graph import Graph
 from ..products import TensorProduct, channelwise
 from .architecture import RadiusGraphModel, with_species_shift
-from .precision import policy
+from .precision import exact_geometry, policy
 
 
 def species_index(species, numbers) -> np.ndarray:
@@ -118,8 +119,8 @@ def _radial_mlp(param, name: str, sizes):
 
     def hidden_fn(x):
         for w, a in zip(ws, sizes[:-2]):
-            x = jax.nn.silu(x @ w / np.sqrt(a))
-        return x / np.sqrt(sizes[-2])
+            x = jax.nn.silu(x @ w / math.sqrt(a))
+        return x / math.sqrt(sizes[-2])
 
     last = len(sizes) - 2
     return hidden_fn, param(f"{name}.w{last}", tuple(sizes[-2:]), 1.0)
@@ -164,12 +165,13 @@ def _atomic_energies(param, config: NequIPConfig, species, positions, graph: Gra
     hidden = e3nn.Irreps(config.hidden)
     sh_irreps = e3nn.Irreps.spherical_harmonics(config.sh_lmax)
     valid = graph.receivers < graph.num_nodes
-    vectors = edge_vectors(graph, positions, cell)
-    vectors = jnp.where(valid[:, None], vectors, jnp.array([config.cutoff, 0.0, 0.0], vectors.dtype))
-    r = jnp.sqrt(jnp.sum(vectors**2, axis=-1))
-    sh = e3nn.spherical_harmonics(sh_irreps, vectors, normalize=True, normalization="component")
-    envelope = e3nn.poly_envelope(5, 2)(r / config.cutoff)
-    radial = e3nn.bessel(r, config.num_basis, config.cutoff) * envelope[:, None]
+    with exact_geometry():  # edge vectors, harmonics, radial basis: float32 under every policy
+        vectors = edge_vectors(graph, positions, cell)
+        vectors = jnp.where(valid[:, None], vectors, jnp.array([config.cutoff, 0.0, 0.0], vectors.dtype))
+        r = jnp.sqrt(jnp.sum(vectors**2, axis=-1))
+        sh = e3nn.spherical_harmonics(sh_irreps, vectors, normalize=True, normalization="component")
+        envelope = e3nn.poly_envelope(5, 2)(r / config.cutoff)
+        radial = e3nn.bessel(r, config.num_basis, config.cutoff) * envelope[:, None]
 
     onehot = jax.nn.one_hot(species, len(config.species), dtype=positions.dtype)
     h = e3nn.IrrepsArray(f"{hidden.count('0e')}x0e", onehot @ param("embed", (len(config.species), hidden.count("0e")), 1.0))
@@ -179,7 +181,7 @@ def _atomic_energies(param, config: NequIPConfig, species, positions, graph: Gra
             x = e3nn.IrrepsArray(x.irreps, exchange(x.array))
         tp = _conv_tp(str(x.irreps), str(sh_irreps), str(hidden))
         hidden_fn, kernel = _radial_mlp(param, f"layer{layer}.radial", (config.num_basis, config.radial_hidden, tp.weight_numel))
-        message = _convolve(config, tp, x, sh, radial, hidden_fn, kernel, graph) / np.sqrt(config.avg_num_neighbors)
+        message = _convolve(config, tp, x, sh, radial, hidden_fn, kernel, graph) / math.sqrt(config.avg_num_neighbors)
         gated = hidden.filter(drop=["0e", "0o"])
         gate_irreps = e3nn.Irreps(f"{hidden.count('0e') + gated.num_irreps}x0e") + gated
         update = e3nn.gate(_linear(param, f"layer{layer}.down", message, gate_irreps))

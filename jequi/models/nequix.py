@@ -34,6 +34,7 @@ import dataclasses
 import functools
 import io
 import json
+import math
 import pathlib
 
 import e3nn_jax as e3nn
@@ -48,7 +49,7 @@ from ..products import channelwise
 from .architecture import RadiusGraphModel
 from .named import flat_parameters, init_named, with_parameter
 from .nequip import species_index
-from .precision import policy
+from .precision import exact_geometry, policy
 
 # Nequix's training sets: MPtrj's 89 elements (Z = 1-83, 89-94), in index order.
 MP_SPECIES = tuple(range(1, 84)) + tuple(range(89, 95))
@@ -281,12 +282,13 @@ def atomic_energies(p: dict, config: NequixConfig, species, positions, graph: Gr
 def _atomic_energies(p, config, species, positions, graph, cell, exchange):
     sh_irreps = e3nn.Irreps.spherical_harmonics(config.sh_lmax)
     valid = graph.receivers < graph.num_nodes
-    vectors = edge_vectors(graph, positions, cell)
-    vectors = jnp.where(valid[:, None], vectors, jnp.array([config.cutoff, 0.0, 0.0], vectors.dtype))
-    sq = jnp.sum(vectors**2, axis=-1)
-    r = jnp.sqrt(jnp.where(sq == 0.0, 1.0, sq)) * (sq != 0.0)
-    radial = bessel_basis(r, config.num_basis, config.cutoff) * polynomial_cutoff(r, config.cutoff, config.polynomial_p)[:, None]
-    sh = e3nn.spherical_harmonics(sh_irreps, vectors, normalize=True, normalization="component")
+    with exact_geometry():  # edge vectors, harmonics, radial basis: float32 under every policy
+        vectors = edge_vectors(graph, positions, cell)
+        vectors = jnp.where(valid[:, None], vectors, jnp.array([config.cutoff, 0.0, 0.0], vectors.dtype))
+        sq = jnp.sum(vectors**2, axis=-1)
+        r = jnp.sqrt(jnp.where(sq == 0.0, 1.0, sq)) * (sq != 0.0)
+        radial = bessel_basis(r, config.num_basis, config.cutoff) * polynomial_cutoff(r, config.cutoff, config.polynomial_p)[:, None]
+        sh = e3nn.spherical_harmonics(sh_irreps, vectors, normalize=True, normalization="component")
 
     h = e3nn.IrrepsArray(f"{len(config.species)}x0e", jax.nn.one_hot(species, len(config.species), dtype=positions.dtype))
     for i, layer in enumerate(layers(config)):
@@ -301,7 +303,7 @@ def _atomic_energies(p, config, species, positions, graph, cell, exchange):
                 b = jax.nn.silu(b @ w)
             return b
 
-        message = _convolve(config, layer, x, sh, radial, hidden_fn, mlp[-1], graph) / np.sqrt(config.avg_num_neighbors)
+        message = _convolve(config, layer, x, sh, radial, hidden_fn, mlp[-1], graph) / math.sqrt(config.avg_num_neighbors)
         skip = _apply_linear(p, f"{pre}.skip", layer.skip, h, species if config.index_weights else None)
         h = _apply_linear(p, f"{pre}.linear_2", layer.linear_2, e3nn.IrrepsArray(layer.tp.irreps_out, message.array)) + skip
         if config.layer_norm:

@@ -12,6 +12,10 @@ linear layers multiply (``precision=`` of every architecture config, ``JequiCalc
   jequi.dtypes); the linear layers multiply bfloat16-rounded inputs with float32 accumulation.
   Node states between layers, energies, forces, stresses, positions and the MD integrator stay
   in float32.
+
+Under every policy the geometry (edge vectors with their cell shifts, spherical harmonics,
+radial basis) is computed at full float32 precision (:func:`exact_geometry`): a cell rounded to
+bfloat16 would move periodic images by |cell| 2^-9, about 0.01 Å.
 """
 
 from __future__ import annotations
@@ -42,6 +46,11 @@ POLICIES = {
     "tf32": Policy("tf32", "TF32_TF32_F32", "highest"),
     "bf16-mixed": Policy("bf16-mixed", "BF16_BF16_F32", "BF16_BF16_F32", jnp.bfloat16),
 }
+
+
+def exact_geometry():
+    """A context in which matmuls run at full float32 precision, whatever the policy's."""
+    return jax.default_matmul_precision("highest")
 
 
 def policy(name: str) -> Policy:
