@@ -274,7 +274,9 @@ TRAIN_CONFIG = NequIPConfig(hidden="4x0e+2x1o+2x2e", num_basis=4, radial_hidden=
 def test_training_under_bf16_mixed(monkeypatch):
     """``train(precision="bf16-mixed")``: two Adam steps on two EMT structures differentiate the
     loss of the bf16-mixed model (the config its step traces) and give finite losses and finite
-    float32 parameters that moved."""
+    float32 parameters that moved. Run with x64 off: under it the batches' positions are
+    float64, and XLA's CPU runtime has no bfloat16 x bfloat16 -> float32 dot for the float64
+    model the BF16_BF16_F32 algorithm then rounds."""
     import jequi.models.train as train_module
 
     traced = []
@@ -284,14 +286,15 @@ def test_training_under_bf16_mixed(monkeypatch):
         return errors(params, config, *args, **kwargs)
 
     monkeypatch.setattr(train_module, "errors", recording_errors)
-    structures = data.emt_dataset(2, seed=3)
-    b = make_batches(structures, TRAIN_CONFIG, 2)[0]
-    # seeded unit-normal parameters of the model's shapes (its init traced, not run: cheaper)
-    shapes = jax.eval_shape(TRAIN_CONFIG.init_params, jax.random.key(0), b.species, b.positions, b.graph, b.cell)
-    rng = np.random.default_rng(5)
-    p0 = jax.tree.map(lambda a: jnp.asarray(rng.normal(size=a.shape), jnp.float32), shapes)
-    params, history = train(TRAIN_CONFIG, structures, steps=2, batch_size=2, learning_rate=1e-2, params=p0,
-                            progress=False, precision="bf16-mixed")  # fmt: skip
+    with jax.enable_x64(False):  # float32 batches: under x64 they are float64, a float64 model
+        structures = data.emt_dataset(2, seed=3)
+        b = make_batches(structures, TRAIN_CONFIG, 2)[0]
+        # seeded unit-normal parameters of the model's shapes (its init traced, not run: cheaper)
+        shapes = jax.eval_shape(TRAIN_CONFIG.init_params, jax.random.key(0), b.species, b.positions, b.graph, b.cell)
+        rng = np.random.default_rng(5)
+        p0 = jax.tree.map(lambda a: jnp.asarray(rng.normal(size=a.shape), jnp.float32), shapes)
+        params, history = train(TRAIN_CONFIG, structures, steps=2, batch_size=2, learning_rate=1e-2, params=p0,
+                                progress=False, precision="bf16-mixed")  # fmt: skip
     assert traced and set(traced) == {"bf16-mixed"}, traced
     assert TRAIN_CONFIG.precision == "float32"  # the caller's config is left as it was
     assert len(history.loss) == 2 and np.all(np.isfinite(history.loss)), history.loss
