@@ -328,3 +328,11 @@ def test_device_md_under_bf16_mixed_follows_float32():
     assert diff.max() > 1e-7, "bf16-mixed gave float32's energies: the policy was not applied"
     assert diff.max() < 5e-4, f"{1e3 * diff.max():.3f} meV/atom"
     assert np.abs(bf16 - bf16[0]).max() < 5e-4
+
+
+def test_training_refuses_a_half_precision_policy_on_float64_batches():
+    """Under jax_enable_x64 the batches are float64: a half-precision policy is refused by name
+    (XLA's CPU runtime would fail on the float64 model's bfloat16 dots with an obscure error)."""
+    structures = data.emt_dataset(2, seed=3)
+    with pytest.raises(ValueError, match="batches are float64"):
+        train(TRAIN_CONFIG, structures, steps=1, batch_size=2, progress=False, precision="bf16-mixed")
