@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -39,5 +40,6 @@ def edge_vectors(graph: Graph, positions, cell=None):
     """``pos[senders] - pos[receivers] + shifts @ cell`` per edge, ``(E, 3)``."""
     vectors = positions[graph.senders] - positions[graph.receivers]
     if graph.shifts is not None and cell is not None:
-        vectors = vectors + graph.shifts.astype(vectors.dtype) @ jnp.asarray(cell, vectors.dtype)
+        # geometry at full float32 precision: a GPU's default float32 matmul (TF32) would round the cell
+        vectors = vectors + jnp.matmul(graph.shifts.astype(vectors.dtype), jnp.asarray(cell, vectors.dtype), precision=jax.lax.Precision.HIGHEST)
     return vectors

@@ -31,7 +31,8 @@ from jax.extend import core as jax_core
 
 import jequi
 from jequi.models import DeviceMD, E2FormerConfig, JequiCalculator, MACEConfig, NequIPConfig, NequixConfig, ShardedCalculator, data
-from jequi.models.calculator import load_model
+from jequi.models.calculator import _evaluate, calculator_model, load_model
+from jequi.models.data import neighbour_edges
 from jequi.models.loss import errors
 from jequi.models.md import thermalize
 from jequi.models.precision import POLICIES, policy, with_precision
@@ -336,3 +337,38 @@ def test_training_refuses_a_half_precision_policy_on_float64_batches():
     structures = data.emt_dataset(2, seed=3)
     with pytest.raises(ValueError, match="batches are float64"):
         train(TRAIN_CONFIG, structures, steps=1, batch_size=2, progress=False, precision="bf16-mixed")
+
+
+def _dots(jaxpr):
+    """Every ``dot_general`` of `jaxpr`, sub-jaxprs included: ``(precision, operand shapes)``."""
+    out = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+            out.append((eqn.params["precision"], [tuple(v.aval.shape) for v in eqn.invars]))
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (list, tuple)) else [value]:
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    out += _dots(inner)
+    return out
+
+
+@pytest.mark.parametrize("precision", ["float32", "bf16-mixed"])
+def test_no_matmul_runs_at_the_platforms_default_precision(precision):
+    """Every matmul of the calculator's evaluation names its precision: none is left to the
+    platform's default, which on a GPU is TF32 for float32 (the strain applied to the positions
+    ran so, rounding them by about 1e-3 relative). The geometry's (positions and edge vectors
+    against the cell, ``(rows, 3) x (3, 3)``) is full float32 under every policy."""
+    params, config, _ = calculator_model("nequip-emt", None, "float32", precision)
+    atoms = cu_au()
+    s, r, shifts = neighbour_edges(atoms, config.cutoff)
+    n = len(atoms)
+    args = (params, jnp.asarray(config.species_index(atoms.numbers)), jnp.asarray(atoms.positions, jnp.float32),
+            jnp.asarray(atoms.cell.array, jnp.float32), jnp.asarray(s), jnp.asarray(r), jnp.asarray(shifts, jnp.float32),
+            jnp.ones(n, bool))  # fmt: skip
+    dots = _dots(jax.make_jaxpr(functools.partial(_evaluate, config))(*args).jaxpr)
+    assert len(dots) > 10
+    assert all(p is not None for p, _ in dots), [shapes for p, shapes in dots if p is None]
+    highest = (jax.lax.Precision.HIGHEST, jax.lax.Precision.HIGHEST)
+    geometry = [p for p, shapes in dots if shapes[1] == (3, 3)]
+    assert geometry and all(p == highest for p in geometry), geometry

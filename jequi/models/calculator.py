@@ -58,7 +58,9 @@ def _evaluate(config: NequIPConfig, params, species, positions, cell, senders, r
 
     def energy(positions, strain):
         deform = jnp.eye(3, dtype=positions.dtype) + 0.5 * (strain + strain.T)
-        per_atom = config.energies(params, species, positions @ deform, graph, cell @ deform)
+        # the strain at full float32 precision: a GPU's default (TF32) would round every position to ~1e-3 relative
+        strained = functools.partial(jnp.matmul, b=deform, precision=jax.lax.Precision.HIGHEST)
+        per_atom = config.energies(params, species, strained(positions), graph, strained(cell))
         per_atom = jnp.where(node_mask, per_atom, 0.0)
         return per_atom.sum(), per_atom
 

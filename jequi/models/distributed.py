@@ -52,9 +52,10 @@ def device_energy(config: NequIPConfig, layout: Layout, params, species, positio
     cell deformed by ``1 + strain``); ``send(values)`` appends the ghost rows to own rows (the
     ``ppermute`` exchange, or a local stand-in to time the computation alone)."""
     deform = jnp.eye(3, dtype=positions.dtype) + 0.5 * (strain + strain.T)
-    local_positions = send(positions @ deform)
+    strained = functools.partial(jnp.matmul, b=deform, precision=jax.lax.Precision.HIGHEST)  # as the calculator: no TF32
+    local_positions = send(strained(positions))
     graph = Graph.build(senders, receivers, layout.nodes, num_senders=layout.local, shifts=shifts)
-    per_atom = config.energies(params, species, local_positions, graph, cell @ deform,
+    per_atom = config.energies(params, species, local_positions, graph, strained(cell),
                                exchange=send if layout.scheme == "exchange" else None)  # fmt: skip
     per_atom = jnp.where(atom_mask, per_atom[: layout.owned], 0.0)
     return per_atom.sum(), per_atom
