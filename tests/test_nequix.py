@@ -104,14 +104,19 @@ def _assert_equal(calc, atoms, ref, tol, stress_scale=0.0):
         assert not np.all(atoms.pbc)
 
 
+# The Hessian (forward over reverse, the slowest check of the CPU suite) of one shipped model: the
+# two run the same code on other weights.
 @pytest.mark.parametrize("name", MODELS)
 def test_shipped_model_equals_nequix_float64(name):
-    """Energy, forces and stress on three structures, and the Hessian of the bulk, to 1e-10."""
+    """Energy, forces and stress on three structures, and (nequix-oam-1) the Hessian of the
+    bulk, to 1e-10."""
     path = pretrained.WEIGHTS / f"{name}.nqx"
     model, cfg = _nequix(path)
     calc = JequiCalculator(name, dtype="float64")
     for label, atoms in _structures().items():
         _assert_equal(calc, atoms, _nequix_outputs(model, cfg, atoms, jnp.float64), 1e-10)
+    if name != "nequix-oam-1":
+        return
     atoms = _structures()["bulk MgO"]
     n = len(atoms)
     g = _graph(atoms, sorted(cfg["atomic_numbers"]), cfg["cutoff"], jnp.float64)
