@@ -148,9 +148,10 @@ def _backward(desc, g, arrays, *, sums: Sums, config: Config):
     gx, gy, gw = unpack(results)
     if gy is not None:
         gy = add_parts(gy.reshape(len(groups), n, d2)).astype(dtype)
+    gx = None if gx is None else gx.reshape(n, d1)
     gw = weight_gradient(gw, n, nw, shared_weights)
     return (
-        None if gx is None else gx.reshape(n, d1),
+        gx,
         gy,
         None if gw is None else gw.astype(dtype),
         add_parts(results[-1].reshape(len(groups), n, do)).astype(dtype) if triples else None,
