@@ -40,6 +40,12 @@ def edge_vectors(graph: Graph, positions, cell=None):
     """``pos[senders] - pos[receivers] + shifts @ cell`` per edge, ``(E, 3)``."""
     vectors = positions[graph.senders] - positions[graph.receivers]
     if graph.shifts is not None and cell is not None:
-        # geometry at full float32 precision: a GPU's default float32 matmul (TF32) would round the cell
-        vectors = vectors + jnp.matmul(graph.shifts.astype(vectors.dtype), jnp.asarray(cell, vectors.dtype), precision=jax.lax.Precision.HIGHEST)
+        vectors = vectors + exact_matmul(graph.shifts.astype(vectors.dtype), jnp.asarray(cell, vectors.dtype))
     return vectors
+
+
+def exact_matmul(a, b):
+    """``a @ b`` at full precision, for geometry (positions, cells, strains): a GPU's default
+    float32 matmul is TF32, which rounds positions by about 1e-3 relative (0.02 Å at 37 Å;
+    docs/precision.md)."""
+    return jnp.matmul(a, b, precision=jax.lax.Precision.HIGHEST)

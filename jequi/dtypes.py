@@ -23,6 +23,3 @@ def compute_dtype(dtype) -> np.dtype:
     dtype = np.dtype(dtype)
     return np.dtype(np.float32) if dtype in HALF else dtype
 
-
-def is_half(dtype) -> bool:
-    return np.dtype(dtype) in HALF

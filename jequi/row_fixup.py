@@ -15,16 +15,16 @@ from jax.experimental import pallas as pl
 from .pallas_launch import on_gpu, pallas_call
 
 # Column pieces per fix-up program, and the most columns in a piece (a Triton vector's size is a
-# power of two; 128 as pallas_kernels' row code uses).
+# power of two; pallas_kernels' row code cuts its channels with the same rule, :func:`pieces`).
 FIXUP_PIECES = 8
 PIECE = 128
 
 
-def _pieces(d: int) -> list[tuple[int, int]]:
-    """``range(d)`` as ``(start, size)`` pieces of power-of-two sizes, at most :data:`PIECE`."""
-    out, start = [], 0
-    while start < d:
-        size = min(PIECE, 1 << ((d - start).bit_length() - 1))
+def pieces(start: int, stop: int) -> list[tuple[int, int]]:
+    """``range(start, stop)`` as ``(start, size)`` pieces of power-of-two sizes, at most :data:`PIECE`."""
+    out = []
+    while start < stop:
+        size = min(PIECE, 1 << ((stop - start).bit_length() - 1))
         out.append((start, size))
         start += size
     return out
@@ -52,8 +52,8 @@ def add_extras_kernel(out, extras, firsts):
     rows of one part return at once. The sum runs in float32 or better (the dtype of ``out``
     promoted), stored in ``out``'s dtype."""
     num_rows, d = out.shape
-    pieces = _pieces(d)
-    blocks = [pieces[i : i + FIXUP_PIECES] for i in range(0, len(pieces), FIXUP_PIECES)]
+    cut = pieces(0, d)
+    blocks = [cut[i : i + FIXUP_PIECES] for i in range(0, len(cut), FIXUP_PIECES)]
     acc = jnp.promote_types(out.dtype, jnp.float32)
 
     def kernel(firsts_ref, out_ref, extras_ref, o_ref):

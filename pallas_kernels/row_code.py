@@ -32,23 +32,18 @@ import numpy as np
 from jax.experimental import pallas as pl
 
 from jequi.dtypes import compute_dtype
+from jequi.row_fixup import pieces
 
 from .lowering import fma
 
 SUPPORTED_MODES = ("uvu", "uuu", "uvw", "uuw")
-_MAX_CHUNK = 128
 
 
 def chunks(mul: int, window: tuple[int, int] | None = None) -> list[tuple[int, int]]:
     """``range(mul)``, or its part in the channel `window` ``(start, stop)``, as ``(start,
-    size)`` pieces of power-of-two sizes (at most 128)."""
+    size)`` pieces of power-of-two sizes (at most 128: :func:`jequi.row_fixup.pieces`)."""
     start, stop = (0, mul) if window is None else (min(window[0], mul), min(window[1], mul))
-    out = []
-    while start < stop:
-        size = min(_MAX_CHUNK, 1 << ((stop - start).bit_length() - 1))
-        out.append((start, size))
-        start += size
-    return out
+    return pieces(start, stop)
 
 
 def unsupported_modes(desc) -> set[str]:

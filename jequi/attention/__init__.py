@@ -20,20 +20,11 @@ from jequi.dtypes import compute_dtype
 from jequi.pallas_launch import on_gpu
 
 from . import reference
-from .autodiff import Spec, fused_attention
+from .autodiff import Spec, _kernels, fused_attention
 from .heads import merge_heads, split_heads
-
 
 if TYPE_CHECKING:
     from pallas_kernels.attention import AttentionConfig
-
-
-def _kernels():
-    """:mod:`pallas_kernels.attention`, imported on first use: jequi's API loads kernel packages when a
-    product runs, so that ``jequi``, ``pallas_kernels`` and ``ffi`` import in any order."""
-    from pallas_kernels import attention
-
-    return attention
 
 BACKENDS = ("xla", "pallas", "pallas-atomic")
 

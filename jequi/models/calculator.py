@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from ase.calculators.calculator import Calculator, PropertyNotImplementedError, all_changes
 
+from ..atoms import exact_matmul
 from ..graph import Graph
 from .data import bucket, neighbour_edges
 from .nequip import NequIPConfig
@@ -58,9 +59,7 @@ def _evaluate(config: NequIPConfig, params, species, positions, cell, senders, r
 
     def energy(positions, strain):
         deform = jnp.eye(3, dtype=positions.dtype) + 0.5 * (strain + strain.T)
-        # the strain at full float32 precision: a GPU's default (TF32) would round every position to ~1e-3 relative
-        strained = functools.partial(jnp.matmul, b=deform, precision=jax.lax.Precision.HIGHEST)
-        per_atom = config.energies(params, species, strained(positions), graph, strained(cell))
+        per_atom = config.energies(params, species, exact_matmul(positions, deform), graph, exact_matmul(cell, deform))
         per_atom = jnp.where(node_mask, per_atom, 0.0)
         return per_atom.sum(), per_atom
 

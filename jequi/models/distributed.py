@@ -27,6 +27,7 @@ from ase.calculators.calculator import Calculator, all_changes
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from ..atoms import exact_matmul
 from ..graph import Graph
 from .calculator import calculator_model, calculator_results, check_stress_request, load_model
 from .data import neighbour_edges
@@ -52,10 +53,9 @@ def device_energy(config: NequIPConfig, layout: Layout, params, species, positio
     cell deformed by ``1 + strain``); ``send(values)`` appends the ghost rows to own rows (the
     ``ppermute`` exchange, or a local stand-in to time the computation alone)."""
     deform = jnp.eye(3, dtype=positions.dtype) + 0.5 * (strain + strain.T)
-    strained = functools.partial(jnp.matmul, b=deform, precision=jax.lax.Precision.HIGHEST)  # as the calculator: no TF32
-    local_positions = send(strained(positions))
+    local_positions = send(exact_matmul(positions, deform))
     graph = Graph.build(senders, receivers, layout.nodes, num_senders=layout.local, shifts=shifts)
-    per_atom = config.energies(params, species, local_positions, graph, strained(cell),
+    per_atom = config.energies(params, species, local_positions, graph, exact_matmul(cell, deform),
                                exchange=send if layout.scheme == "exchange" else None)  # fmt: skip
     per_atom = jnp.where(atom_mask, per_atom[: layout.owned], 0.0)
     return per_atom.sum(), per_atom

@@ -46,7 +46,7 @@ from ..symmetric_basis import torch_wigner_3j
 from .architecture import RadiusGraphModel
 from .named import flat_parameters, init_named, with_parameter
 from .nequip import species_index
-from .precision import exact_geometry, policy
+from .precision import conv_dtype, exact_geometry, policy
 
 # e3nn-torch's normalize2mom(silu) constant, what mace-torch's radial MLP and readout multiply
 # silu by (e3nn-jax's normalize_function gives 1.676562056080, mace-jax stores 1.67425609: a
@@ -256,12 +256,10 @@ def radial_basis(config: MACEConfig, r):
 
 
 def _convolve(config: MACEConfig, tp: TensorProduct, x, sh, radial, hidden_fn, kernel, graph: Graph):
-    dtype = policy(config.precision).conv_dtype
+    dtype = conv_dtype(config)
     if config.conv == "jequi":
         out = tp.radial_conv(x, sh, radial, kernel, graph, hidden_fn=hidden_fn, edge_chunks=config.edge_chunks, dtype=dtype, backend=config.backend)
         return out.astype(x.dtype)
-    if dtype is not None:
-        raise ValueError(f"precision={config.precision!r} stores the convolutions in half precision: it needs conv='jequi'")
     weights = hidden_fn(radial) @ kernel
     if callable(config.conv):
         out = config.conv(tp, e3nn.IrrepsArray(tp.irreps_in1, x), e3nn.IrrepsArray(tp.irreps_in2, sh), weights, graph)

@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..atoms import exact_matmul
 from ..graph import Graph
 from .calculator import load_model
 from .nequip import NequIPConfig
@@ -121,7 +122,7 @@ def neighbour_graph(positions, cell, cl: CellList):
     n = positions.shape[0]
     dims = jnp.asarray(cl.dims, jnp.int32)
     num_cells = math.prod(cl.dims)
-    frac = jnp.matmul(positions, jnp.linalg.inv(cell), precision=jax.lax.Precision.HIGHEST)  # no TF32 (a GPU's default) in the geometry
+    frac = exact_matmul(positions, jnp.linalg.inv(cell))
     cell_idx = jnp.clip(jnp.floor((frac - jnp.floor(frac)) * dims).astype(jnp.int32), 0, dims - 1)
     flat = lambda c: (c[..., 0] * cl.dims[1] + c[..., 1]) * cl.dims[2] + c[..., 2]  # noqa: E731
     cid = flat(cell_idx)
@@ -135,7 +136,7 @@ def neighbour_graph(positions, cell, cl: CellList):
     cand = table[around].reshape(n, -1)  # (N, 27 * cell_capacity), -1 for empty slots
     ds = frac[jnp.maximum(cand, 0)] - frac[:, None, :]
     shift = -jnp.round(ds)  # unique image: |ds + shift| <= radius / height <= 1/3 per direction
-    d = jnp.matmul(ds + shift, cell, precision=jax.lax.Precision.HIGHEST)
+    d = exact_matmul(ds + shift, cell)
     ok = (cand >= 0) & (cand != jnp.arange(n)[:, None]) & (jnp.sum(d * d, axis=-1) < cl.radius**2)
     count = ok.sum(axis=1)
     _, pick = jax.lax.top_k(ok.astype(jnp.int32), cl.neighbour_capacity)

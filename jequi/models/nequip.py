@@ -29,7 +29,7 @@ from ..atoms import edge_vectors
 from ..graph import Graph
 from ..products import TensorProduct, channelwise
 from .architecture import RadiusGraphModel, with_species_shift
-from .precision import exact_geometry, policy
+from .precision import conv_dtype, exact_geometry, policy
 
 
 def species_index(species, numbers) -> np.ndarray:
@@ -127,12 +127,10 @@ def _radial_mlp(param, name: str, sizes):
 
 
 def _convolve(config: NequIPConfig, tp: TensorProduct, x, sh, radial, hidden_fn, kernel, graph: Graph):
-    dtype = policy(config.precision).conv_dtype
+    dtype = conv_dtype(config)
     if config.conv == "jequi":
         out = tp.radial_conv(x, sh, radial, kernel, graph, hidden_fn=hidden_fn, edge_chunks=config.edge_chunks, dtype=dtype, backend=config.backend)
         return out.astype(x.dtype)
-    if dtype is not None:
-        raise ValueError(f"precision={config.precision!r} stores the convolutions in half precision: it needs conv='jequi'")
     weights = hidden_fn(radial) @ kernel
     if callable(config.conv):
         return config.conv(tp, x, sh, weights, graph)

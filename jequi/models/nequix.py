@@ -49,7 +49,7 @@ from ..products import channelwise
 from .architecture import RadiusGraphModel
 from .named import flat_parameters, init_named, with_parameter
 from .nequip import species_index
-from .precision import exact_geometry, policy
+from .precision import conv_dtype, exact_geometry, policy
 
 # Nequix's training sets: MPtrj's 89 elements (Z = 1-83, 89-94), in index order.
 MP_SPECIES = tuple(range(1, 84)) + tuple(range(89, 95))
@@ -254,14 +254,12 @@ def polynomial_cutoff(r, r_max: float, p: float):
 
 
 def _convolve(config: NequixConfig, layer: _Layer, x, sh, radial, hidden_fn, kernel, graph: Graph):
-    dtype = policy(config.precision).conv_dtype
+    dtype = conv_dtype(config)
     if config.conv == "jequi":
         out = layer.tp.radial_conv(
             x, sh, radial, kernel, graph, hidden_fn=hidden_fn, edge_chunks=config.edge_chunks, dtype=dtype, backend=config.backend
         )
         return out.astype(x.dtype)
-    if dtype is not None:
-        raise ValueError(f"precision={config.precision!r} stores the convolutions in half precision: it needs conv='jequi'")
     weights = hidden_fn(radial) @ kernel
     if callable(config.conv):
         return config.conv(layer.tp, x, sh, weights, graph)

@@ -60,6 +60,15 @@ def policy(name: str) -> Policy:
     return POLICIES[name]
 
 
+def conv_dtype(config):
+    """The dtype `config`'s policy stores its convolutions' operands in (None: the model's own);
+    ValueError for a half-precision policy on a conv other than jequi's, which has no such storage."""
+    dtype = policy(config.precision).conv_dtype
+    if dtype is not None and config.conv != "jequi":
+        raise ValueError(f"precision={config.precision!r} stores the convolutions in half precision: it needs conv='jequi'")
+    return dtype
+
+
 def with_precision(config, name: str | None):
     """`config` (an architecture's) with precision policy `name` (None: as it is). A config
     without a ``precision`` field runs float32 only."""

@@ -125,7 +125,7 @@ def train(
     else:
         batches = make_batches(train_set, config, batch_size)
     val_batches = make_batches(val_set, config, batch_size) if val_set else []
-    if getattr(config, "precision", "float32") != "float32" and jax.tree.leaves(batches[0].positions)[0].dtype == jnp.float64:
+    if getattr(config, "precision", "float32") != "float32" and batches[0].positions.dtype == jnp.float64:
         raise ValueError(f"precision={config.precision!r} trains a float32 model; the batches are float64 (jax_enable_x64 is on)")
     if params is None:
         b = batches[0] if devices == 1 else jax.tree.map(lambda a: a[0], batches[0])
