@@ -41,6 +41,7 @@ BAD = (-1, -(2**31), None, 2**31 - 1)  # None: N, one past the end
 RESULTS: list[tuple[str, str]] = []
 ORDERS = ("forward", "backward", "second", "tangent")
 KERNELS_ONLY = False  # --kernels-only (the sanitized runs): the kernel backend's call alone, no oracle
+ONLY: tuple[str, ...] = ()  # --only: run the cases whose label starts with one of these
 
 
 def bad_indices(n: int) -> np.ndarray:
@@ -96,6 +97,8 @@ def case(name: str, f, args, orders=ORDERS, tol: float = 1e-4):
     backend = name.split("/")[1]
     for order in orders:
         label = f"{name}/{order}"
+        if ONLY and not label.startswith(ONLY):
+            continue
         try:
             run = lambda be, dtype: jax.jit(_order(lambda *a: f(be, *a), order, args))(*_cast(args, dtype))  # noqa: E731
             if KERNELS_ONLY:
@@ -154,6 +157,25 @@ def convs(tp, backends, n, e, hub):
              (x, y[:3], w[:3], s[:3] * 0, r[:3] * 0), ("forward",))  # fmt: skip
 
 
+def bookkeeping(n, e, hub):
+    """The conv's index bookkeeping alone, no kernel (``Graph.build`` and the row parts of the
+    pallas and cuda kernels, under ``jit``): separates a report in XLA's index code from one in a
+    kernel's output."""
+    from jequi.graph import row_parts
+
+    s, r = graph(n, e, hub, np.random.default_rng(1))
+
+    def prepare(s, r):
+        g = jequi.Graph.build(s, r, n)
+        return g, row_parts(g.receiver_offsets, e, 256)
+
+    label = "graph/bookkeeping/forward"
+    if not ONLY or label.startswith(ONLY):
+        jax.block_until_ready(jax.jit(prepare)(jnp.asarray(s), jnp.asarray(r)))
+        RESULTS.append((label, "ran"))
+        print(f"{label}: ran", flush=True)
+
+
 def eaas(rows):
     rng = np.random.default_rng(2)
     irreps = e3nn.Irreps("8x0e+8x1o")
@@ -196,16 +218,19 @@ def symmetric(rows):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--small", action="store_true", help="CPU sizes (interpret mode)")
-    ap.add_argument("--families", default="tp,conv,eaas,attention,symmetric")
+    ap.add_argument("--families", default="tp,conv,eaas,attention,symmetric", help="also: graph (the conv's index bookkeeping, no kernel)")
+    ap.add_argument("--only", default="", help="comma-separated label prefixes: run only those cases (e.g. conv/pallas/forward)")
     ap.add_argument("--kernels-only", action="store_true", help="run the kernel backends alone (values unchecked): the sanitized runs")
     a = ap.parse_args()
-    global KERNELS_ONLY
-    KERNELS_ONLY = a.kernels_only
+    global KERNELS_ONLY, ONLY
+    KERNELS_ONLY, ONLY = a.kernels_only, tuple(p for p in a.only.split(",") if p)
     jax.config.update("jax_enable_x64", True)  # the float64 oracle
     rows, n, e, hub, k = (24, 9, 40, 20, 6) if a.small else (2000, 500, 60_000, 50_000, 40)
     kernel_backends = ["pallas"] + [b for b in ("cuda", "cuda-atomic") if b in jequi.available_backends()]
     print("jax", jax.__version__, jax.devices(), "kernel backends", kernel_backends, flush=True)
     families = a.families.split(",")
+    if "graph" in families:
+        bookkeeping(n, e, hub)
     tp = products(kernel_backends if "tp" in families else [], rows)
     if "conv" in families:
         convs(tp, kernel_backends, n, e, hub)

@@ -6,6 +6,9 @@
 # persistent compilation cache so the sanitized runs do not compile under the tool), then under
 # each tool, the kernels' calls alone (--kernels-only). Needs a runtime that supports the sanitizer (Firecracker, not gVisor: KINDS.md).
 #   SANITIZE_TOOLS="memcheck racecheck initcheck" SANITIZE_FAMILIES=tp,conv bash benchmarks/sanitize_run.sh
+# SANITIZE_ONLY=conv/pallas/forward,graph: only the cases whose label starts so (families: also graph,
+# the conv's index bookkeeping without a kernel). RUN_CONTROL=0: not the initcheck control
+# (benchmarks/initcheck_xla_probe.py: JAX's index ops without jequi, x64 off and on).
 # Writes native.log, <tool>.log and summary.txt (each run's case count and each tool's ERROR
 # SUMMARY, appended) into $OUT; the results file is benchmarks/results/<date>-<device>-sanitizer.md.
 set -uo pipefail
@@ -17,7 +20,7 @@ export JAX_COMPILATION_CACHE_DIR=/tmp/jax-sanitize-cache JAX_PERSISTENT_CACHE_MI
 # preallocation each buffer is its own allocation, so memcheck sees accesses past its end.
 export XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_autotune_level=0 --xla_gpu_enable_command_buffer=" \
   XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_PYTHON_CLIENT_ALLOCATOR=platform
-ARGS="--families ${SANITIZE_FAMILIES:-tp,conv,eaas,attention,symmetric}"
+ARGS="--families ${SANITIZE_FAMILIES:-tp,conv,eaas,attention,symmetric} --only=${SANITIZE_ONLY:-}"
 if [ "${RUN_NATIVE:-1}" = 1 ]; then  # RUN_NATIVE=0: a later call on the same machine, the cache filled
   { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; compute-sanitizer --version | tail -1
     python3 -c "import jax; print('jax', jax.__version__)"; } | tee -a "$OUT/summary.txt"
@@ -25,11 +28,21 @@ if [ "${RUN_NATIVE:-1}" = 1 ]; then  # RUN_NATIVE=0: a later call on the same ma
   timeout "${NATIVE_TIMEOUT:-240}" python3 benchmarks/sanitize_kernels.py $ARGS > "$OUT/native.log" 2>&1
   echo "native: exit $?; $(tail -1 "$OUT/native.log"); $(( $(date +%s) - t0 )) s" | tee -a "$OUT/summary.txt"
 fi
-for tool in ${SANITIZE_TOOLS:-memcheck racecheck initcheck}; do
+for tool in ${SANITIZE_TOOLS-memcheck racecheck initcheck}; do
   extra=""
   [ "$tool" = memcheck ] && extra="--leak-check no"
   t0=$(date +%s)
   timeout "${SANITIZE_TIMEOUT:-150}" compute-sanitizer --tool "$tool" $extra --target-processes all --print-limit 20 \
     python3 benchmarks/sanitize_kernels.py $ARGS --kernels-only > "$OUT/$tool.log" 2>&1
   echo "$tool: exit $?; $(grep -m1 'ERROR SUMMARY' "$OUT/$tool.log" || echo 'no ERROR SUMMARY line'); $(grep -E '^[0-9]+ cases' "$OUT/$tool.log" || tail -1 "$OUT/$tool.log"); $(( $(date +%s) - t0 )) s" | tee -a "$OUT/summary.txt"
+  # where the reports are: the device function of each (a jequi kernel, or an XLA fusion)
+  grep -oE '^=========     at [A-Za-z0-9_.$]+' "$OUT/$tool.log" | sed 's/^=========     at /  reported in /' | sort | uniq -c | tee -a "$OUT/summary.txt"
 done
+if [ "${RUN_CONTROL:-1}" = 1 ] && [[ " ${SANITIZE_TOOLS-memcheck racecheck initcheck} " == *" initcheck "* ]]; then
+  # the control: JAX's own index ops without jequi (benchmarks/initcheck_xla_probe.py), x64 off and on
+  for mode in x32 x64; do
+    compute-sanitizer --tool initcheck --print-limit 20 python3 benchmarks/initcheck_xla_probe.py $([ $mode = x64 ] && echo x64) > "$OUT/initcheck-control-$mode.log" 2>&1
+    echo "initcheck control ($mode, no jequi): $(grep -m1 'ERROR SUMMARY' "$OUT/initcheck-control-$mode.log")" | tee -a "$OUT/summary.txt"
+    grep -oE '^=========     at [A-Za-z0-9_.$]+' "$OUT/initcheck-control-$mode.log" | sed 's/^=========     at /  reported in /' | sort | uniq -c | tee -a "$OUT/summary.txt"
+  done
+fi

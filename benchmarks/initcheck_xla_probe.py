@@ -1,0 +1,29 @@
+"""JAX's own index code under compute-sanitizer's initcheck, without jequi: the control for the
+reports that ``benchmarks/sanitize_run.sh``'s initcheck gives in XLA fusions (not in a jequi
+kernel). It runs the ops of ``jequi.graph.row_parts``'s bookkeeping (``bincount``, ``cumsum``,
+``searchsorted`` and ``maximum``) with plain jax.numpy, under ``jit``.
+
+    compute-sanitizer --tool initcheck python3 benchmarks/initcheck_xla_probe.py [x64]
+
+``x64`` turns on ``jax_enable_x64`` as the sanitizer harness does (its float64 oracle): the
+counts, the cumulative sums and the scan's loop counter are then int64. Results:
+benchmarks/results/2026-12-02-nvidia-h200-sanitizer.md.
+"""
+
+import sys
+
+import jax
+import jax.numpy as jnp
+
+jax.config.update("jax_enable_x64", sys.argv[1:] == ["x64"])
+
+
+@jax.jit
+def bookkeeping(keys, p):
+    counts = jnp.bincount(keys, length=501)
+    firsts = jnp.concatenate([jnp.zeros(1, counts.dtype), jnp.cumsum(jnp.maximum(1, counts))])
+    return jnp.clip(jnp.searchsorted(firsts, p, side="right") - 1, 0, 499)
+
+
+keys = jnp.arange(60_000, dtype=jnp.int32) % 500
+print("x64" if jax.config.jax_enable_x64 else "x32", int(bookkeeping(keys, jnp.arange(734, dtype=jnp.int32)).sum()), flush=True)
