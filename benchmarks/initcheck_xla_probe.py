@@ -1,7 +1,7 @@
 """JAX's own index code under compute-sanitizer's initcheck, without jequi: the control for the
 reports that ``benchmarks/sanitize_run.sh``'s initcheck gives in XLA fusions (not in a jequi
-kernel). It runs the ops of ``jequi.graph.row_parts``'s bookkeeping (``bincount``, ``cumsum``,
-``searchsorted`` and ``maximum``) with plain jax.numpy, under ``jit``.
+kernel). It runs the ops of ``jequi.graph._csr`` and ``row_parts`` in their order (``bincount``,
+``cumsum``, the parts' ``maximum``, ``cumsum``, ``searchsorted``) with plain jax.numpy, under ``jit``.
 
     compute-sanitizer --tool initcheck python3 benchmarks/initcheck_xla_probe.py [x64]
 
@@ -20,10 +20,14 @@ jax.config.update("jax_enable_x64", sys.argv[1:] == ["x64"])
 
 @jax.jit
 def bookkeeping(keys, p):
+    # jequi.graph._csr: counts, their cumulative sum (int64 under x64), offsets in int32
     counts = jnp.bincount(keys, length=501)
-    firsts = jnp.concatenate([jnp.zeros(1, counts.dtype), jnp.cumsum(jnp.maximum(1, counts))])
-    return jnp.clip(jnp.searchsorted(firsts, p, side="right") - 1, 0, 499)
+    offsets = jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(counts).astype(jnp.int32)])
+    # jequi.graph.row_parts: parts of at most 15 edges a row, their firsts, a row per part
+    parts = jnp.maximum(1, -(-(offsets[1:] - offsets[:-1]) // 15))
+    firsts = jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(parts).astype(jnp.int32)])
+    return jnp.clip(jnp.searchsorted(firsts, p, side="right") - 1, 0, 500)
 
 
 keys = jnp.arange(60_000, dtype=jnp.int32) % 500
-print("x64" if jax.config.jax_enable_x64 else "x32", int(bookkeeping(keys, jnp.arange(734, dtype=jnp.int32)).sum()), flush=True)
+print("x64" if jax.config.jax_enable_x64 else "x32", int(bookkeeping(keys, jnp.arange(4_501, dtype=jnp.int32)).sum()), flush=True)

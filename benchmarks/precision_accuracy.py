@@ -17,8 +17,9 @@ drift, phonon frequencies, a training curve, and the NequIP and MACE model steps
   and force differences from float32 (their parameters are model_step's initialisation, not
   trained: a check of the numerics, not of a potential's accuracy).
 
-Device tool, from the repo root: ``bash benchmarks/precision_run.sh`` runs the precision tests and
-benchmarks/precision_benchmark.py; this file: ``BENCH=precision_accuracy.py bash benchmarks/precision_run.sh``.
+Device tool, from the repo root: ``bash benchmarks/precision_accuracy_run.sh`` runs the parts
+as concurrent processes (one per policy) and merges them (``--merge``); one process:
+``BENCH=precision_accuracy.py bash benchmarks/precision_run.sh``.
 Writes ``<date>-<device>-precision-accuracy.{json,md}`` into --out (and $OUT). On a CPU (a check
 of this program): ``--small``.
 """
@@ -46,7 +47,7 @@ from jequi.models.train import evaluate, make_batches, train
 POLICIES = ("float32", "tf32", "bf16-mixed")
 
 
-def nve(model: str, atoms_target: int, steps: int, policies, skin: float) -> list[dict]:
+def nve(model: str, atoms_target: int, steps: int, policies, skin: float, block: int) -> list[dict]:
     from ase import units
 
     rows = []
@@ -54,19 +55,27 @@ def nve(model: str, atoms_target: int, steps: int, policies, skin: float) -> lis
         atoms = alloy(atoms_target, seed=5)
         thermalize(atoms, 300.0, seed=3)
         md = DeviceMD(atoms, model, precision=p, timestep_fs=1.0, skin=skin, rebuild_every=10)
-        md.run(10)  # compiles the 10-step chunk's program; the run below reuses it
-        t0 = time.perf_counter()
-        out = md.run(steps)
-        seconds = time.perf_counter() - t0
+        # blocks of `block` steps: one compiled program (the chunk count is static); the first
+        # block compiles, and a block that regrew the cell list ran twice, so neither is timed
+        pot, kin, timed = [], [], []
+        for _ in range(max(1, -(-steps // block))):
+            regrown, t0 = md.regrown, time.perf_counter()
+            out = md.run(block)
+            seconds = time.perf_counter() - t0
+            if pot and md.regrown == regrown:
+                timed.append(seconds / out["steps"])
+            pot.append(out["potential"])
+            kin.append(out["kinetic"])
+        pot, kin = np.concatenate(pot), np.concatenate(kin)
         n = len(atoms)
-        total = (out["potential"] + out["kinetic"]) / n
+        total = (pot + kin) / n
         t_ps = np.arange(len(total)) * 1e-3
         slope = np.polyfit(t_ps, total, 1)[0]
-        temperature = 2 * out["kinetic"] / (3 * n * units.kB)
-        row = {"model": model, "atoms": n, "steps": out["steps"], "policy": p, "timestep_fs": 1.0,
+        temperature = 2 * kin / (3 * n * units.kB)
+        row = {"model": model, "atoms": n, "steps": len(total), "policy": p, "timestep_fs": 1.0,
                "drift_mev_per_atom_per_ps": 1e3 * float(slope), "max_deviation_mev_per_atom": 1e3 * float(np.abs(total - total[0]).max()),
                "std_mev_per_atom": 1e3 * float(total.std()), "mean_temperature_K": float(temperature.mean()),
-               "ms_per_step": 1e3 * seconds / out["steps"], "regrown": md.regrown,
+               "ms_per_step": 1e3 * float(np.median(timed)) if timed else None, "regrown": md.regrown,
                "total_per_atom_every_100": total[::100].tolist()}  # fmt: skip
         rows.append(row)
         print({k: v for k, v in row.items() if k != "total_per_atom_every_100"}, flush=True)
@@ -164,6 +173,8 @@ def markdown(r) -> str:
     m = r["meta"]
     out = [f"# Precision policies: NVE drift, phonons, training, model steps ({m['device']}, {m['date']})", "",
            f"jax {m['versions'].get('jax')}, jequi {m['versions'].get('jequi')}. Script: benchmarks/precision_accuracy.py.", ""]  # fmt: skip
+    if m.get("concurrent", 1) > 1:
+        out += [f"The parts ran as {m['concurrent']} concurrent processes on the one GPU: their ms columns are not speed numbers.", ""]
     if r["nve"]:
         c = r["nve"][0]
         out += [f"## NVE, {c['model']}, {c['atoms']} atoms (Cu-Au), {c['steps']} steps of 1 fs from 300 K", "",
@@ -173,7 +184,7 @@ def markdown(r) -> str:
         for c in r["nve"]:
             ratio = f"{abs(c['drift_mev_per_atom_per_ps']) / abs(f32):.2f}x" if f32 else ""
             out.append(f"| {c['policy']} | {c['drift_mev_per_atom_per_ps']:+.4f} | {c['max_deviation_mev_per_atom']:.4f} | {c['std_mev_per_atom']:.4f} | "
-                       f"{c['mean_temperature_K']:.0f} | {c['ms_per_step']:.2f} | {ratio} |")  # fmt: skip
+                       f"{c['mean_temperature_K']:.0f} | {'-' if c['ms_per_step'] is None else format(c['ms_per_step'], '.2f')} | {ratio} |")  # fmt: skip
     if r["phonons"]:
         c = r["phonons"][0]
         out += ["", f"## Phonons, {c['model']}, fcc Cu {c['atoms']}-atom cell (Gamma of the supercell)", "",
@@ -213,6 +224,7 @@ def main():
     ap.add_argument("--nve-model", default="nequix-oam-1")
     ap.add_argument("--nve-atoms", type=int, default=864)
     ap.add_argument("--nve-steps", type=int, default=10_000)
+    ap.add_argument("--nve-block", type=int, default=1000, help="steps per timed block (one compiled program)")
     ap.add_argument("--skin", type=float, default=0.5)
     ap.add_argument("--phonon-model", default="nequix-oam-1")
     ap.add_argument("--phonon-repeat", type=int, default=2, help="the cubic fcc cell repeated this many times a direction")
@@ -224,9 +236,21 @@ def main():
     ap.add_argument("--step-atoms", type=int, default=4000)
     ap.add_argument("--small", action="store_true", help="CPU sizes: a check of this program")
     ap.add_argument("--out", default=str(pathlib.Path(__file__).resolve().parent / "results"))
+    ap.add_argument("--merge", nargs="+", metavar="JSON", help="merge these results files (parts run as separate, "
+                    "concurrent processes: benchmarks/precision_accuracy_run.sh) into one, and run nothing")  # fmt: skip
     a = ap.parse_args()
+    if a.merge:
+        import json
+
+        parts = [json.loads(pathlib.Path(f).read_text()) for f in a.merge]
+        result = dict(parts[0], meta=dict(parts[0]["meta"], concurrent=len(parts)))
+        for key in ("nve", "phonons", "train", "steps"):
+            result[key] = [row for r in parts for row in r[key]]
+        save(result, "precision-accuracy", markdown(result), a.out)
+        print(markdown(result))
+        return
     if a.small:
-        a.nve_model, a.nve_atoms, a.nve_steps, a.skin = "nequip-emt", 256, 20, 0.3
+        a.nve_model, a.nve_atoms, a.nve_steps, a.nve_block, a.skin = "nequip-emt", 256, 30, 10, 0.3
         a.phonon_model, a.phonon_repeat = "nequip-emt", 1
         a.train_steps, a.train_structures, a.val_structures, a.eval_every = 4, 8, 4, 2
         a.step_models, a.step_atoms = "nequip-oam-l", 32
@@ -240,7 +264,7 @@ def main():
 
     for part, run in (("phonons", lambda: phonons(a.phonon_model, policies, a.phonon_repeat)),
                       ("steps", lambda: model_steps(a.step_models.split(","), a.step_atoms, policies)),
-                      ("nve", lambda: nve(a.nve_model, a.nve_atoms, a.nve_steps, policies, a.skin)),
+                      ("nve", lambda: nve(a.nve_model, a.nve_atoms, a.nve_steps, policies, a.skin, a.nve_block)),
                       ("train", lambda: training(policies, a.train_steps, a.train_structures, a.val_structures, a.eval_every))):  # fmt: skip
         if part in parts:
             result[part] = run()

@@ -41,6 +41,12 @@ from jequi.models.train import make_batches, train
 POLICY_NAMES = ["float32", "tf32", "bf16-mixed"]
 CHOICES = r"precision must be one of 'float32', 'tf32', 'bf16-mixed', got 'fp8'"
 ON_CPU = jax.default_backend() == "cpu"
+# The energy bound (eV/atom) of a half-precision policy against float32 on a GPU. There the
+# BF16_BF16_F32 linears round their operands to bfloat16 too (the CPU ignores that algorithm, so
+# its bound, 1 meV/atom, covers the convolutions' storage alone): measured on the H200, 1.1 to
+# 1.75 meV/atom on the shipped model, 3.5 on Nequix (benchmarks/results/2026-12-02-nvidia-h200-
+# precision-nequix.md); the issue's accuracy target is the force error, which keeps its bound.
+GPU_ENERGY_BOUND = 5e-3
 
 
 def cu_au():
@@ -141,7 +147,8 @@ def test_calculator_policy_against_float32(precision):
     force_err = np.abs(got["forces"] - want["forces"])
     assert force_err.max() > 1e-4, f"forces within {force_err.max():.2g} eV/Å of float32's: the policy was not applied"
     assert force_err.mean() < 5e-3, f"force MAE {1e3 * force_err.mean():.2f} meV/Å"
-    assert abs(got["energy"] - want["energy"]) / n < 1e-3, f"{1e3 * abs(got['energy'] - want['energy']) / n:.2f} meV/atom"
+    energy_bound = 1e-3 if ON_CPU else GPU_ENERGY_BOUND
+    assert abs(got["energy"] - want["energy"]) / n < energy_bound, f"{1e3 * abs(got['energy'] - want['energy']) / n:.2f} meV/atom"
     assert np.abs(got["energies"] - want["energies"]).max() < 1.5e-2  # eV (measured 4 meV)
     assert np.abs(got["stress"] - want["stress"]).max() < 2e-3  # eV/Å^3 (measured 2e-4; the stress itself ~0.1)
     assert abs(got["energy"] - got["energies"].sum()) < 1e-4
@@ -307,8 +314,9 @@ def test_training_under_bf16_mixed(monkeypatch):
 def test_device_md_under_bf16_mixed_follows_float32():
     """``DeviceMD(precision=...)`` with the shipped model's weights (its cutoff cut to 3 Å, so that
     a 108-atom cell is 3 cell-list cells across): 5 NVE steps at 300 K; the bf16-mixed total
-    energy is finite, not float32's to the bit, and within 0.5 meV/atom of the float32 run's
-    (which conserves it to 0.01 meV/atom)."""
+    energy is finite, not float32's to the bit, within the policy's energy bound of the float32
+    run's (which conserves it to 0.01 meV/atom: 0.5 meV/atom on the CPU, GPU_ENERGY_BOUND on a
+    GPU), and conserved to 0.5 meV/atom itself."""
     params, config = load_model("nequip-emt")
     model = (params, dataclasses.replace(config, cutoff=3.0))
     atoms = bulk("Cu", "fcc", a=3.6, cubic=True).repeat(3)
@@ -327,8 +335,9 @@ def test_device_md_under_bf16_mixed_follows_float32():
     assert np.abs(f32 - f32[0]).max() < 1e-5, f32 - f32[0]
     diff = np.abs(bf16 - f32)
     assert diff.max() > 1e-7, "bf16-mixed gave float32's energies: the policy was not applied"
-    assert diff.max() < 5e-4, f"{1e3 * diff.max():.3f} meV/atom"
-    assert np.abs(bf16 - bf16[0]).max() < 5e-4
+    assert diff.max() < (5e-4 if ON_CPU else GPU_ENERGY_BOUND), f"{1e3 * diff.max():.3f} meV/atom"
+    # the offset from float32 is the energy error above; conservation is the policy's own
+    assert np.abs(bf16 - bf16[0]).max() < 5e-4, f"{1e3 * np.abs(bf16 - bf16[0]).max():.3f} meV/atom"
 
 
 def test_training_refuses_a_half_precision_policy_on_float64_batches():
