@@ -47,12 +47,17 @@ def check_indices(senders, receivers, num_edges: int | None = None):
         raise ValueError(f"senders {np.shape(senders)} and receivers {np.shape(receivers)} differ in length")
 
 
+def csr_offsets(keys, num_rows: int):
+    """``(num_rows + 2,)`` int32 offsets of the rows ``0..num_rows`` of `keys` (values in ``[0,
+    num_rows]``) once sorted. Counted and summed in int32 whatever ``jax_enable_x64`` says: the
+    kernels read int32, and an int64 sum would be a second copy of the index arithmetic."""
+    counts = jnp.zeros(num_rows + 1, jnp.int32).at[keys].add(1, mode="drop")
+    return jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(counts, dtype=jnp.int32)])
+
+
 def _csr(keys, num_rows: int):
     """Stable order of `keys` (values in ``[0, num_rows]``) and offsets of rows ``0..num_rows``."""
-    order = jnp.argsort(keys, stable=True).astype(jnp.int32)
-    counts = jnp.bincount(keys, length=num_rows + 1)
-    offsets = jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(counts).astype(jnp.int32)])
-    return order, offsets
+    return jnp.argsort(keys, stable=True).astype(jnp.int32), csr_offsets(keys, num_rows)
 
 
 @jax.tree_util.register_dataclass
@@ -130,8 +135,7 @@ class Graph:
         senders, receivers = jnp.where(valid, senders, 0), jnp.where(valid, receivers, num_nodes)
         if promised:  # in order already: the identity, offsets from the counts
             receiver_order = jnp.arange(receivers.shape[0], dtype=jnp.int32)
-            counts = jnp.bincount(receivers, length=num_nodes + 1)
-            receiver_offsets = jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(counts).astype(jnp.int32)])
+            receiver_offsets = csr_offsets(receivers, num_nodes)
         else:
             receiver_order, receiver_offsets = _csr(receivers, num_nodes)
         sender_order, sender_offsets = _csr(jnp.where(valid, senders, num_senders), num_senders)
@@ -257,7 +261,7 @@ def row_parts(offsets, num_edges: int, most: int) -> RowParts:
     offsets = offsets.astype(jnp.int32)
     counts = offsets[1:] - offsets[:-1]
     parts = jnp.maximum(1, -(-counts // most))
-    firsts = jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(parts).astype(jnp.int32)])
+    firsts = jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(parts, dtype=jnp.int32)])
     bound = num_rows + num_edges // most  # sum of max(1, ceil(c / most)) <= rows + sum(c) / most
     p = jnp.arange(bound, dtype=jnp.int32)
     real = p < firsts[-1]

@@ -41,6 +41,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
+from jequi.graph import csr_offsets
+
 from .lowering import masked_load, masked_store, pallas_call
 
 # The optional per-edge scalars, in the order the kernels take them.
@@ -465,10 +467,7 @@ def transposed_neighbors(nbr, n_src: int):
     flat = nbr.reshape(-1)
     valid = (flat >= 0) & (flat < n_src)
     keys = jnp.where(valid, flat, n_src)
-    order = jnp.argsort(keys, stable=True).astype(jnp.int32)
-    counts = jnp.bincount(keys, length=n_src + 1)
-    offsets = jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(counts).astype(jnp.int32)])
-    return order, offsets
+    return jnp.argsort(keys, stable=True).astype(jnp.int32), csr_offsets(keys, n_src)
 
 
 @functools.partial(jax.jit, static_argnames=("p", "needs", "config"))
