@@ -22,7 +22,7 @@ import numpy as np
 
 from . import eaas_autodiff, so2
 from .eaas_reference import frame, product
-from .dtypes import compute_dtype
+from .dtypes import plan as dtype_plan
 from .drop_in import _filter_irreps, _regrouped, _reorder, _simplified_flags
 from .irreps import Irreps
 
@@ -155,7 +155,8 @@ def _run(plan: _Plan, x, vectors, normalize: bool, leading: tuple, dtype, backen
     return product(plan, x, ds, norm, leading, dtype)
 
 
-def sh_tensor_product(x, vectors, irreps_sh, *, filter_ir_out=None, normalize: bool = True, backend: str = "xla"):
+def sh_tensor_product(x, vectors, irreps_sh, *, filter_ir_out=None, normalize: bool = True, backend: str = "xla",
+                      out_dtype=None, math_dtype=None):  # fmt: skip
     """``e3nn.tensor_product(x, e3nn.spherical_harmonics(irreps_sh, vectors, normalize),
     filter_ir_out=filter_ir_out)``, computed in each vector's frame (EAAS).
 
@@ -177,6 +178,8 @@ def sh_tensor_product(x, vectors, irreps_sh, *, filter_ir_out=None, normalize: b
             :mod:`pallas_kernels.eaas`: one pass per row over ``x``, the frames XLA computes and
             the output; first derivatives and forward mode by kernels, second derivatives in
             ``(x, r)`` through the XLA product).
+        out_dtype, math_dtype: :func:`jequi.dtypes.plan` (default: the result in the inputs'
+            dtype, half precision computed in float32).
 
     Returns:
         ``IrrepsArray`` with e3nn's output irreps (sorted and merged), zero flags and values; the
@@ -202,7 +205,7 @@ def sh_tensor_product(x, vectors, irreps_sh, *, filter_ir_out=None, normalize: b
     except ValueError as exc:
         raise ValueError(f"leading dims of x {x.shape} and vectors {vec.shape} do not broadcast") from exc
     plan = _plan(x.irreps, tuple(bool(f) for f in x.zero_flags), irreps_sh, filter_irs, irrep_normalization, sh_normalization)
-    math_dtype = compute_dtype(dtype)  # half precision computed in float32 (jequi.dtypes), rounded once
-    array = _reorder(x.array.astype(math_dtype), x.irreps, plan.order)
-    z = _run(plan, array, vec.astype(math_dtype), bool(normalize), tuple(leading), math_dtype, backend)
-    return e3nn.IrrepsArray(plan.irreps_out, z.astype(dtype), zero_flags=plan.zero_flags)
+    p = dtype_plan(dtype, out_dtype, math_dtype)  # computed in p.math, rounded once
+    array = _reorder(x.array.astype(p.math), x.irreps, plan.order)
+    z = _run(plan, array, vec.astype(p.math), bool(normalize), tuple(leading), p.math, backend)
+    return e3nn.IrrepsArray(plan.irreps_out, z.astype(p.out), zero_flags=plan.zero_flags)

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .dtypes import compute_dtype
+from .dtypes import plan
 from .irreps import as_irreps
 from .products import fully_connected
 from .species import node_inputs, species_blocks
@@ -71,18 +71,20 @@ class IndexedLinear:
         """Standard normal (e3nn's and mace-torch's initialisation; the normalization is in the map)."""
         return jax.random.normal(key, (self.weight_numel,), dtype)
 
-    def __call__(self, x, species, w):
+    def __call__(self, x, species, w, *, out_dtype=None, math_dtype=None):
+        """``out_dtype`` and ``math_dtype``: :func:`jequi.dtypes.plan`
+        (default: the result in the inputs' dtype, half precision computed in float32)."""
         x, species, wrap = node_inputs(x, species, self.irreps_in, self.num_species)
         w = jnp.asarray(w)
         if w.shape != (self.weight_numel,):
             raise ValueError(f"w has shape {w.shape}; expected ({self.weight_numel},)")
         batch = x.shape[:-1]
         n = math.prod(batch)
+        p = plan(x.dtype, out_dtype, math_dtype)  # computed in p.math, rounded once
         if n == 0:
-            return jnp.zeros((*batch, self.irreps_out.dim), x.dtype)
-        math_dtype = compute_dtype(x.dtype)  # half precision computed in float32 (jequi.dtypes), rounded once
-        out = self._rows(x.reshape(n, -1).astype(math_dtype), species.reshape(n).astype(jnp.int32), w.astype(math_dtype))
-        out = out.reshape(*batch, self.irreps_out.dim).astype(x.dtype)
+            return jnp.zeros((*batch, self.irreps_out.dim), p.out)
+        out = self._rows(x.reshape(n, -1).astype(p.math), species.reshape(n).astype(jnp.int32), w.astype(p.math))
+        out = out.reshape(*batch, self.irreps_out.dim).astype(p.out)
         return e3nn.IrrepsArray(self.irreps_out, out) if wrap else out
 
     def _rows(self, x, species, w):

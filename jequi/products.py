@@ -13,7 +13,7 @@ import numpy as np
 
 from . import backends
 from . import graph as graph_lib
-from . import autodiff
+from . import autodiff, dtypes
 from .descriptor import TensorProductDescriptor
 from .irreps import Irreps, as_irreps
 
@@ -205,17 +205,21 @@ class TensorProduct:
         return jnp.concatenate([w, jnp.ones((*w.shape[:-1], extra), w.dtype)], axis=-1)
 
     # --- calls ------------------------------------------------------------------------------
-    def __call__(self, x, y, w=None, *, backend: str | None = None):
+    def __call__(self, x, y, w=None, *, backend: str | None = None, out_dtype=None, math_dtype=None):
         """``z[...] = tp(x[...], y[...], w[...])`` with broadcasting over leading dims.
 
         ``x (..., in1.dim)``, ``y (..., in2.dim)``, ``w (..., weight_numel)`` or shared
         ``(weight_numel,)``; ``IrrepsArray`` inputs give an ``IrrepsArray`` output.
         ``backend``: ``"xla"`` (pure JAX) or another registered backend; default: the fastest
-        available on the default JAX platform.
+        available on the default JAX platform. ``out_dtype`` (default: the inputs' promoted
+        dtype) and ``math_dtype`` (float32 or float64; default float32 for half-precision
+        inputs, else their dtype): :func:`jequi.dtypes.plan`.
         """
         x, y, w, wrap = self._inputs(x, y, w)
+        p = dtypes.plan(x.dtype, out_dtype, math_dtype)
+        x, y, w = p.inputs(x, y, w)
         shared = w.ndim == 1
-        b = backends.resolve(backend, self.descriptor.trilinear, shared, dtype=x.dtype)
+        b = backends.resolve(backend, self.descriptor.trilinear, shared, dtype=p.stored)
         try:
             batch = jnp.broadcast_shapes(x.shape[:-1], y.shape[:-1], () if shared else w.shape[:-1])
         except ValueError as exc:
@@ -225,17 +229,18 @@ class TensorProduct:
         d1, d2, dout = self.descriptor.dims
         n = math.prod(batch)
         if n == 0 or dout == 0:
-            z = jnp.zeros((*batch, dout), x.dtype)
+            z = jnp.zeros((*batch, dout), p.out)
         else:
             xf = jnp.broadcast_to(x, (*batch, d1)).reshape(n, d1)
             yf = jnp.broadcast_to(y, (*batch, d2)).reshape(n, d2)
             wf = w if shared else jnp.broadcast_to(w, (*batch, w.shape[-1])).reshape(n, -1)
             wf = self._kernel_weights(wf)
             z = autodiff.apply(_tp_kernels(self.descriptor.trilinear, b.name), xf, yf, wf, z_shape=(n, dout))
-            z = z.reshape(*batch, dout)
+            z = p.output(z.reshape(*batch, dout))
         return self._irreps_array(z) if wrap else z
 
-    def conv(self, x, y, w, graph, receivers=None, num_nodes=None, *, backend: str | None = None, kahan: bool = False):
+    def conv(self, x, y, w, graph, receivers=None, num_nodes=None, *, backend: str | None = None, kahan: bool = False,
+             out_dtype=None, math_dtype=None):  # fmt: skip
         """Fused graph convolution ``out[r] = sum_{e: receivers[e]=r} tp(x[senders[e]], y[e], w[e])``.
 
         ``x (num_senders, in1.dim)`` node features, ``y (E, in2.dim)`` and ``w (E,
@@ -253,9 +258,13 @@ class TensorProduct:
         ``"cuda-atomic"`` (GPU, channelwise products) adds the backward's ``gx`` with
         atomics: faster on wide products such as MACE's (docs/benchmarks.md), not reproducible
         bit for bit.
+
+        ``out_dtype`` and ``math_dtype``: as for :meth:`__call__` (:func:`jequi.dtypes.plan`).
         """
         x, y, w, wrap = self._inputs(x, y, w)
-        b = backends.resolve(backend, self.descriptor.trilinear, w.ndim == 1, conv=True, dtype=x.dtype)
+        p = dtypes.plan(x.dtype, out_dtype, math_dtype)
+        x, y, w = p.inputs(x, y, w)
+        b = backends.resolve(backend, self.descriptor.trilinear, w.ndim == 1, conv=True, dtype=p.stored)
         if kahan and not b.supports_kahan:
             raise ValueError(f"kahan=True needs a backend with compensated sums (pallas), not {b.name!r}")
         if x.ndim != 2 or y.ndim != 2 or w.ndim > 2:
@@ -282,14 +291,15 @@ class TensorProduct:
             graph = graph_lib.Graph.build(graph, receivers, num_nodes, x.shape[0])
         dout = self.descriptor.dims[2]
         if num_edges == 0 or x.shape[0] == 0 or graph.num_nodes == 0 or dout == 0:
-            out = jnp.zeros((graph.num_nodes, dout), x.dtype)
+            out = jnp.zeros((graph.num_nodes, dout), p.out)
         else:
             kernels = _conv_kernels(self.descriptor.trilinear, b.name, graph.static, bool(kahan))
             out = autodiff.apply(kernels, x, y, self._kernel_weights(w), *graph.index_arrays, z_shape=(graph.num_nodes, dout))
+            out = p.output(out)
         return self._irreps_array(out) if wrap else out
 
     def radial_conv(self, x, y, hidden, kernel, graph, receivers=None, num_nodes=None, *, hidden_fn=None, edge_chunks: int | None = None,
-                    dtype=None, backend: str | None = None, kahan: bool = False):  # fmt: skip
+                    dtype=None, backend: str | None = None, kahan: bool = False, out_dtype=None, math_dtype=None):  # fmt: skip
         """:meth:`conv` with per-edge weights ``w = hidden_fn(hidden) @ kernel`` (a radial MLP),
         without the whole ``(E, weight_numel)`` weight array in memory.
 
@@ -308,6 +318,8 @@ class TensorProduct:
         ``dtype``: the dtype the conv's operands are stored in (``x``, ``y`` and the weights,
         rounded to it as they are made; the output is in it too), e.g. ``jnp.bfloat16`` for a
         half-precision policy (docs/precision.md); None: as :meth:`conv` promotes them.
+        ``out_dtype`` and ``math_dtype``: as for :meth:`conv` (:func:`jequi.dtypes.plan`). The
+        chunks' results are summed in the math dtype and rounded once, at the end.
         """
         if isinstance(graph, graph_lib.Graph):
             if receivers is not None or num_nodes is not None:
@@ -346,7 +358,12 @@ class TensorProduct:
             raise ValueError(f"edge_chunks must be a positive int, got {edge_chunks!r}")
         edge_chunks = min(edge_chunks, max(num_edges, 1))
         if edge_chunks == 1:
-            return self.conv(x, y, weights(hidden), graph, backend=backend, kahan=kahan)
+            return self.conv(x, y, weights(hidden), graph, backend=backend, kahan=kahan, out_dtype=out_dtype, math_dtype=math_dtype)
+        # each chunk's conv returns in the math dtype and the chunks are summed in it (jequi.dtypes:
+        # partial sums after a kernel stay in float32 for half precision); one rounding at the end
+        stored = jnp.result_type(*(a.array if isinstance(a, e3nn.IrrepsArray) else a for a in (x, y)),
+                                 jax.eval_shape(weights, jax.ShapeDtypeStruct(hidden.shape, hidden.dtype)).dtype)  # fmt: skip
+        p = dtypes.plan(stored, out_dtype, math_dtype)
 
         wrap = isinstance(x, e3nn.IrrepsArray) or isinstance(y, e3nn.IrrepsArray)
         x, _ = _unwrap(x, self.irreps_in1, "x", self.descriptor.layout)
@@ -368,7 +385,7 @@ class TensorProduct:
         # must not be merged with the forward's, which would keep every chunk's until the backward
         @jax.checkpoint
         def part(x, kernel, h, y, g):
-            return self.conv(x, y, weights(h), g, backend=backend, kahan=kahan)
+            return self.conv(x, y, weights(h), g, backend=backend, kahan=kahan, out_dtype=p.math, math_dtype=math_dtype)
 
         def step(out, chunk):
             return out + part(x, kernel, *chunk), None
@@ -382,6 +399,7 @@ class TensorProduct:
         x, first = jax.lax.optimization_barrier((x, jax.tree.map(lambda a: a[0], chunks)))
         out = part(x, kernel, *first)
         out, _ = jax.lax.scan(step, out, jax.tree.map(lambda a: a[1:], chunks))
+        out = p.output(out)
         return self._irreps_array(out) if wrap else out
 
 

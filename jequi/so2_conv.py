@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import so2
-from .dtypes import compute_dtype
+from .dtypes import plan
 from .eaas_reference import frame
 from .irreps import Irreps, as_irreps
 from .products import TensorProduct, fully_connected
@@ -130,7 +130,7 @@ def _vectors(vectors):
     return vectors
 
 
-def so2_conv(x, vectors, weights, irreps_out, *, m_max: int | None = None, irreps_in=None):
+def so2_conv(x, vectors, weights, irreps_out, *, m_max: int | None = None, irreps_in=None, out_dtype=None, math_dtype=None):
     """The SO(2) convolution of `x` along `vectors` (see the module docstring).
 
     Args:
@@ -142,6 +142,8 @@ def so2_conv(x, vectors, weights, irreps_out, *, m_max: int | None = None, irrep
         irreps_out: the output irreps (any order, multiplicities and parities).
         m_max: keep orders ``|m| <= m_max`` only (eSCN's truncation); None keeps all.
         irreps_in: the irreps of a plain-array `x`.
+        out_dtype, math_dtype: :func:`jequi.dtypes.plan` (default: the result in the inputs'
+            dtype, half precision computed in float32).
 
     Returns:
         ``IrrepsArray`` of `irreps_out` (a plain array for a plain `x`), leading dims broadcast
@@ -176,9 +178,9 @@ def so2_conv(x, vectors, weights, irreps_out, *, m_max: int | None = None, irrep
         leading = jnp.broadcast_shapes(array.shape[:-1], vec.shape[:-1], () if shared else weights.shape[:-1])
     except ValueError as exc:
         raise ValueError(f"leading dims of x {array.shape}, vectors {vec.shape} and weights {weights.shape} do not broadcast") from exc
-    math_dtype = compute_dtype(dtype)  # half precision computed in float32 (jequi.dtypes), rounded once
-    z = _run(layout, array.astype(math_dtype), vec.astype(math_dtype), weights.astype(math_dtype), tuple(leading), math_dtype)
-    z = z.astype(dtype)
+    p = plan(dtype, out_dtype, math_dtype)  # computed in p.math, rounded once
+    z = _run(layout, array.astype(p.math), vec.astype(p.math), weights.astype(p.math), tuple(leading), p.math)
+    z = z.astype(p.out)
     return e3nn.IrrepsArray(layout.irreps_out, z) if is_irreps_array else z
 
 

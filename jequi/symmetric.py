@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from . import symmetric_autodiff, symmetric_basis
-from .dtypes import compute_dtype
+from .dtypes import plan
 from .species import node_inputs, species_blocks
 from .irreps import as_irreps
 
@@ -82,15 +82,16 @@ class SymmetricContraction:
             if tuple(jnp.shape(weights[name])) != shape:
                 raise ValueError(f"weights[{name!r}] has shape {tuple(jnp.shape(weights[name]))}, expected {shape}")
 
-    def __call__(self, x, species, weights: dict, *, backend: str | None = None):
+    def __call__(self, x, species, weights: dict, *, backend: str | None = None, out_dtype=None, math_dtype=None):
         """``(..., irreps_out.dim)`` from ``x (..., irreps_in.dim)`` and integer ``species
         (...)`` (same leading dims); an ``IrrepsArray`` ``x`` gives an ``IrrepsArray``. A species
         outside ``[0, num_species)`` raises where ``species`` is concrete; under ``jit`` such a
-        row gives zero and gets zero gradient."""
+        row gives zero and gets zero gradient. ``out_dtype`` and ``math_dtype``: :func:`jequi.dtypes.plan`
+        (default: the result in the inputs' dtype, half precision computed in float32)."""
         d = self.descriptor
         x, species, wrap = node_inputs(x, species, d.irreps_in, d.num_species, d.layout)
-        stored = x.dtype  # half precision computed in float32 (jequi.dtypes), the output rounded once
-        x = x.astype(compute_dtype(stored))
+        p = plan(x.dtype, out_dtype, math_dtype)  # computed in p.math, the output rounded once
+        x = x.astype(p.math)
         self._check_weights(weights)
         backend = backend or _default_backend()
         if backend not in BACKENDS:
@@ -108,5 +109,5 @@ class SymmetricContraction:
         else:
             rows, block_species = species_blocks(sf, d.num_species, BLOCK)
             out = symmetric_autodiff.contract(symmetric_autodiff.Spec(d, BLOCK), xf, wr, rows, block_species)
-        out = out.reshape(*batch, d.irreps_out.dim).astype(stored)
+        out = out.reshape(*batch, d.irreps_out.dim).astype(p.out)
         return e3nn.IrrepsArray(d.irreps_out, out) if wrap else out

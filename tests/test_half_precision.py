@@ -199,14 +199,17 @@ def _other_ops():
 
     n, k, h, d = 12, 5, 2, 8
     nbr = rng.integers(0, n, (n, k))
+    layout = jequi.so2_layout("4x0e+4x1o", "4x0e+4x1o")
     return [
-        ("symmetric", lambda a, b: sc(a[0], species, dict(zip(sc_weights, a[1:])), backend=b),
+        ("symmetric", lambda a, b, **kw: sc(a[0], species, dict(zip(sc_weights, a[1:])), backend=b, **kw),
          [rng.normal(size=(20, 16)), *sc_weights.values()], ["xla", "pallas"]),
-        ("indexed_linear", lambda a, b: lin(a[0], species, a[1]), [rng.normal(size=(20, 16)), rng.normal(size=lin.weight_numel)], ["xla"]),
-        ("sh_tensor_product", lambda a, b: jequi.sh_tensor_product(irreps_array("8x0e+8x1o")(a[0]), a[1], "0e+1o+2e", backend=b).array,
+        ("indexed_linear", lambda a, b, **kw: lin(a[0], species, a[1], **kw), [rng.normal(size=(20, 16)), rng.normal(size=lin.weight_numel)], ["xla"]),
+        ("sh_tensor_product", lambda a, b, **kw: jequi.sh_tensor_product(irreps_array("8x0e+8x1o")(a[0]), a[1], "0e+1o+2e", backend=b, **kw).array,
          [rng.normal(size=(20, 32)), rng.normal(size=(20, 3))], ["xla", "pallas"]),
-        ("neighbor_attention", lambda a, b: jequi.neighbor_attention(a[0], a[1], a[2], nbr, backend=b),
+        ("neighbor_attention", lambda a, b, **kw: jequi.neighbor_attention(a[0], a[1], a[2], nbr, backend=b, **kw),
          [rng.normal(size=(n, h, d)) for _ in range(3)], ["xla", "pallas"]),
+        ("so2_conv", lambda a, b, **kw: jequi.so2_conv(a[0], a[1], a[2], "4x0e+4x1o", irreps_in="4x0e+4x1o", **kw),
+         [rng.normal(size=(6, 16)), rng.normal(size=(6, 3)), rng.normal(size=(6, layout.weight_numel))], ["xla"]),
     ]
 
 
@@ -226,20 +229,6 @@ def test_the_other_ops_compute_in_float32(dtype):
             assert g.dtype == dtype, name
 
 
-def test_so2_conv_computes_in_float32():
-    rng = np.random.default_rng(5)
-    dtype = jnp.bfloat16
-    layout = jequi.so2_layout("4x0e+4x1o", "4x0e+4x1o")
-    x = jnp.asarray(rng.normal(size=(6, 16)), dtype)
-    v = jnp.asarray(rng.normal(size=(6, 3)), dtype)
-    w = jnp.asarray(rng.normal(size=(6, layout.weight_numel)), dtype)
-    got = jequi.so2_conv(x, v, w, "4x0e+4x1o", irreps_in="4x0e+4x1o")
-    want = jequi.so2_conv(*(np.asarray(a, np.float64) for a in (x, v, w)), "4x0e+4x1o", irreps_in="4x0e+4x1o")
-    got, want = (a.array if hasattr(a, "array") else a for a in (got, want))
-    assert got.dtype == dtype
-    assert_within(got, want, dtype)
-
-
 def test_the_cuda_kernels_refuse_half_precision_before_running():
     """The CUDA kernels take float32 and float64: half precision is a clear error there, and
     the default backend never picks them for it."""
@@ -248,3 +237,136 @@ def test_the_cuda_kernels_refuse_half_precision_before_running():
     BACKENDS["pallas"].check_dtype(jnp.float16)
     tp = jequi.problems.get("nequip-water")
     assert default_backend(tp.descriptor.trilinear, conv=True, dtype=jnp.bfloat16) != "cuda"
+
+
+# --- out_dtype= and math_dtype= (jequi.dtypes.plan) ------------------------------------------
+
+
+def _tp_and_conv(backend, **kw):
+    """``(name, call)`` for the product and the hub conv, each ``call(x, y, w)``."""
+    tp = jequi.channelwise("8x0e+8x1o", "0e+1o+2e", "0e+1o+2e")
+    s, r = _hub_graph(np.random.default_rng(1), 10, 300, 40)
+    graph = jequi.Graph.build(s, r, 10)
+    return tp, [
+        ("tp", lambda x, y, w: tp(x, y, w, backend=backend, **kw), 24),
+        ("conv", lambda x, y, w: tp.conv(x, y, w, graph, backend=backend, **kw), s.size),
+    ]
+
+
+def _operands(tp, rows, edges, dtype, seed=6):
+    rng = np.random.default_rng(seed)
+    nodes = rows if edges == rows else 10
+    return [jnp.asarray(rng.normal(size=shape), dtype) for shape in ((nodes, tp.irreps_in1.dim), (edges, tp.irreps_in2.dim), (edges, tp.weight_numel))]
+
+
+@pytest.mark.parametrize("backend", TP_BACKENDS)
+@pytest.mark.parametrize("dtype", HALF, ids=lambda d: d.__name__)
+def test_out_dtype_float32_from_half_precision_is_the_same_math_unrounded(dtype, backend):
+    """``out_dtype=float32`` on half-precision operands: exactly the float32 call on the widened
+    operands (widening is exact), so within float32's accuracy of float64, not a half-precision
+    rounding; cotangents still follow their primals."""
+    tp, calls = _tp_and_conv(backend, out_dtype=jnp.float32)
+    for name, call, edges in calls:
+        half = _operands(tp, 24, edges, dtype) if name == "tp" else _operands(tp, 10, edges, dtype)
+        got = call(*half)
+        assert got.dtype == jnp.float32, name
+        plain = _tp_and_conv(backend)[1][0 if name == "tp" else 1][1]
+        np.testing.assert_array_equal(got, plain(*(a.astype(jnp.float32) for a in half)), err_msg=name)
+        want = plain(*(a.astype(jnp.float64) for a in half))
+        assert_within(got, want, jnp.float32, units=64)  # float32 sums of up to 300 terms
+        assert np.abs(np.asarray(got, np.float64) - want).max() < 0.1 * _eps(dtype) * np.abs(want).max(), name
+        grads = jax.grad(lambda *a: call(*a).sum(), argnums=(0, 1, 2))(*half)
+        assert all(g.dtype == dtype for g in grads), name
+
+
+@pytest.mark.parametrize("backend", TP_BACKENDS)
+@pytest.mark.parametrize("dtype", HALF, ids=lambda d: d.__name__)
+def test_out_dtype_half_from_float32_rounds_once(dtype, backend):
+    tp, calls = _tp_and_conv(backend, out_dtype=dtype)
+    for (name, call, edges), (_, plain, _) in zip(calls, _tp_and_conv(backend)[1]):
+        ops = _operands(tp, 24, edges, jnp.float32) if name == "tp" else _operands(tp, 10, edges, jnp.float32)
+        got = call(*ops)
+        assert got.dtype == dtype, name
+        np.testing.assert_array_equal(got, plain(*ops).astype(dtype), err_msg=name)
+        assert_within(got, plain(*(a.astype(jnp.float64) for a in ops)), dtype)
+
+
+@pytest.mark.parametrize("backend", TP_BACKENDS)
+def test_math_dtype_float64_rounds_float32_results_once(backend):
+    """``math_dtype=float64`` on float32 operands: the 300-edge hub's sum within one float32
+    rounding of float64 (0.6 eps), where float32 math is not."""
+    tp, calls = _tp_and_conv(backend, math_dtype=jnp.float64)
+    name, call, edges = calls[1]
+    ops = _operands(tp, 10, edges, jnp.float32)
+    got = call(*ops)
+    assert got.dtype == jnp.float32
+    plain = _tp_and_conv(backend)[1][1][1]
+    want = plain(*(a.astype(jnp.float64) for a in ops))
+    assert_within(got, want, jnp.float32)
+    with pytest.raises(AssertionError):  # the check above can fail: float32 math misses it
+        assert_within(plain(*ops), want, jnp.float32)
+    grads = jax.grad(lambda *a: call(*a).sum(), argnums=(0, 1, 2))(*ops)
+    assert all(g.dtype == jnp.float32 for g in grads)
+
+
+def test_math_dtype_float32_on_float64_operands():
+    """cuEquivariance's meaning: the operands rounded to float32, computed there, the result
+    returned in the operands' dtype (or ``out_dtype``)."""
+    tp, calls = _tp_and_conv("pallas", math_dtype=jnp.float32)
+    for (name, call, edges), (_, plain, _) in zip(calls, _tp_and_conv("pallas")[1]):
+        ops = _operands(tp, 24, edges, jnp.float64) if name == "tp" else _operands(tp, 10, edges, jnp.float64)
+        got = call(*ops)
+        assert got.dtype == jnp.float64, name
+        np.testing.assert_array_equal(got, plain(*(a.astype(jnp.float32) for a in ops)).astype(jnp.float64), err_msg=name)
+
+
+@pytest.mark.parametrize("edge_chunks", [1, 3])
+def test_radial_conv_out_dtype_sums_its_chunks_in_float32(edge_chunks):
+    """bfloat16 storage (``dtype=``) with ``out_dtype=float32``, in one chunk or several: the
+    chunks' results are summed in float32 and not rounded to bfloat16."""
+    tp = jequi.channelwise("8x0e+8x1o", "0e+1o+2e", "0e+1o+2e")
+    rng = np.random.default_rng(3)
+    n, e = 10, 70
+    graph = jequi.Graph.build(rng.integers(0, n, e), rng.integers(0, n, e), n)
+    x, y = (rng.normal(size=shape).astype(np.float32) for shape in ((n, tp.irreps_in1.dim), (e, tp.irreps_in2.dim)))
+    hidden = rng.normal(size=(e, 6)).astype(np.float32)
+    kernel = rng.normal(size=(6, tp.weight_numel)).astype(np.float32) / 3
+    out = tp.radial_conv(x, y, hidden, kernel, graph, edge_chunks=edge_chunks, dtype=jnp.bfloat16, out_dtype=jnp.float32, backend="pallas")
+    assert out.dtype == jnp.float32
+    w64 = np.asarray(jnp.asarray(hidden.astype(np.float64) @ kernel.astype(np.float64), jnp.bfloat16), np.float64)
+    x64, y64 = (np.asarray(jnp.asarray(a, jnp.bfloat16), np.float64) for a in (x, y))
+    want = tp.conv(x64, y64, w64, graph, backend="xla")
+    assert_within(out, want, jnp.float32, units=64)
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=lambda d: d.__name__)
+def test_the_other_ops_take_out_dtype_and_math_dtype(dtype):
+    """Each op that widens at the op: ``out_dtype=float32`` is its float32 call on the widened
+    inputs, to the bit; ``math_dtype=float64`` is its float64 call rounded once."""
+    for name, call, inputs, backends in _other_ops():
+        rounded = [jnp.asarray(a, dtype) for a in inputs]
+        for backend in backends:
+            got = call(rounded, backend, out_dtype=jnp.float32)
+            assert got.dtype == jnp.float32, name
+            np.testing.assert_array_equal(got, call([a.astype(jnp.float32) for a in rounded], backend), err_msg=f"{name} {backend}")
+            got = call(rounded, backend, math_dtype=jnp.float64)
+            assert got.dtype == dtype, name
+            want = call([a.astype(jnp.float64) for a in rounded], backend)
+            np.testing.assert_array_equal(got, want.astype(dtype), err_msg=f"{name} {backend}")
+
+
+def test_out_dtype_and_math_dtype_errors():
+    tp = jequi.channelwise("4x0e", "0e", "4x0e")
+    x, y, w = (jnp.ones(shape, jnp.float32) for shape in ((3, 4), (3, 1), (3, tp.weight_numel)))
+    with pytest.raises(ValueError, match="half-precision math is not offered"):
+        tp(x, y, w, math_dtype=jnp.bfloat16)
+    with pytest.raises(TypeError, match="out_dtype must be one of bfloat16, float16, float32, float64, got int32"):
+        tp(x, y, w, out_dtype=jnp.int32)
+    with pytest.raises(TypeError, match="math_dtype must be a floating dtype"):
+        tp(x, y, w, math_dtype="not a dtype")
+    jax.config.update("jax_enable_x64", False)
+    try:
+        with pytest.raises(ValueError, match="math_dtype=float64 needs jax_enable_x64"):
+            tp(x, y, w, math_dtype=jnp.float64)
+    finally:
+        jax.config.update("jax_enable_x64", True)

@@ -16,7 +16,7 @@ import e3nn_jax as e3nn
 import jax.numpy as jnp
 import numpy as np
 
-from jequi.dtypes import compute_dtype
+from jequi.dtypes import plan
 from jequi.pallas_launch import on_gpu
 
 from . import reference
@@ -31,7 +31,7 @@ BACKENDS = ("xla", "pallas", "pallas-atomic")
 
 def neighbor_attention(
     q, k, v, neighbors, *, mask=None, logit_bias=None, logit_gate=None, envelope=None, post_scale=None, scale=None,
-    eps: float = 0.0, backend: str | None = None, config: AttentionConfig | None = None,
+    eps: float = 0.0, backend: str | None = None, config: AttentionConfig | None = None, out_dtype=None, math_dtype=None,
 ):  # fmt: skip
     """Attention of each target node over its neighbours, per head (E2Former-V2, section 2 of
     E2FORMER.md). For target ``i``, slot ``t`` of its neighbour list (``j = neighbors[i, t]``)
@@ -61,6 +61,8 @@ def neighbor_attention(
         same, the backward's ``dk``, ``dv`` added with atomics: faster on hubs, not bitwise
         reproducible) or ``"xla"`` (the materialised reference; the default elsewhere).
       config: the Pallas kernels' :class:`pallas_kernels.attention.AttentionConfig`.
+      out_dtype, math_dtype: :func:`jequi.dtypes.plan` (default: the result in the inputs'
+        dtype, half precision computed in float32).
 
     Returns ``[N, H, D_v]`` (an ``IrrepsArray`` ``[N, irreps.dim]`` for an ``IrrepsArray`` ``v``).
     A node with no valid neighbour (or with ``Z = 0``: every envelope 0 and ``eps = 0``) gets 0,
@@ -109,7 +111,8 @@ def neighbor_attention(
     if config is not None and not isinstance(config, _kernels().AttentionConfig):
         raise TypeError(f"config must be a pallas_kernels.attention.AttentionConfig, got {type(config).__name__}")
     stored = jnp.result_type(q, k, v, *(a for a in edges if a is not None))
-    dtype = compute_dtype(stored)  # half precision computed in float32 (jequi.dtypes), rounded once
+    p = plan(stored, out_dtype, math_dtype)  # computed in p.math, rounded once
+    dtype = p.math
     q, k, v = (jnp.asarray(a, dtype) for a in (q, k, v))
     edges = [None if a is None else a.astype(dtype) for a in edges]
     if kslots == 0 or n == 0:
@@ -122,7 +125,7 @@ def neighbor_attention(
             k, v = jnp.zeros((1, h, d), dtype), jnp.zeros((1, h, v.shape[2]), dtype)
             nbr = jnp.full_like(nbr, -1)
         out = fused_attention(spec, (q, k, v, *(a for a in edges if a is not None)), nbr)
-    out = out.astype(stored)
+    out = out.astype(p.out)
     return out if irreps is None else merge_heads(out, irreps)
 
 
