@@ -368,6 +368,8 @@ class TensorProduct:
         wrap = isinstance(x, e3nn.IrrepsArray) or isinstance(y, e3nn.IrrepsArray)
         x, _ = _unwrap(x, self.irreps_in1, "x", self.descriptor.layout)
         y, _ = _unwrap(y, self.irreps_in2, "y", self.descriptor.layout)
+        # converted here once, not by every chunk's conv (and its recomputation in the backward)
+        x, y = jnp.asarray(x).astype(p.math), jnp.asarray(y).astype(p.math)
         size = -(-num_edges // edge_chunks)
         pad = edge_chunks * size - num_edges
 
