@@ -11,6 +11,8 @@ in TF32, which sets what float32 can be asked for). Families and orders (the iss
 * the conv in the same four, on ``pallas``, ``cuda`` and ``cuda-atomic``: receivers and senders
   -1, -2^31, N, 2^31-1, a hub of ``--hub`` edges into one node, an empty graph, zero nodes;
 * ``radial_conv`` in 3 edge chunks, forward and backward;
+* the product and the conv in bfloat16 too (half-precision storage, the kernels' widening loads
+  and rounding stores), against xla in bfloat16;
 * the EAAS product (``sh_tensor_product``, ``pallas``): forward, backward, tangent, with a zero
   vector and zero rows;
 * neighbour attention (``pallas``, ``pallas-atomic``): forward, backward, tangent, neighbours
@@ -91,9 +93,9 @@ def _order(fn, order: str, args, seed: int = 9):
                               tuple(jnp.asarray(t, a[i].dtype) for t, i in zip(tangents, floats)))  # fmt: skip
 
 
-def case(name: str, f, args, orders=ORDERS, tol: float = 1e-4):
-    """``f(backend, *args)``: each order on the kernel backend (float32) against xla in float64,
-    with xla in float32 beside it; records ok / FAIL."""
+def case(name: str, f, args, orders=ORDERS, tol: float = 1e-4, dtype=jnp.float32):
+    """``f(backend, *args)``: each order on the kernel backend (in `dtype`, float32 unless a
+    half-precision case) against xla in float64, with xla in `dtype` beside it; records ok / FAIL."""
     backend = name.split("/")[1]
     for order in orders:
         label = f"{name}/{order}"
@@ -102,15 +104,16 @@ def case(name: str, f, args, orders=ORDERS, tol: float = 1e-4):
         try:
             run = lambda be, dtype: jax.jit(_order(lambda *a: f(be, *a), order, args))(*_cast(args, dtype))  # noqa: E731
             if KERNELS_ONLY:
-                jax.block_until_ready(run(backend, jnp.float32))
+                jax.block_until_ready(run(backend, dtype))
                 RESULTS.append((label, "ran"))
                 print(f"{label}: ran", flush=True)
                 continue
             oracle = run("xla", jnp.float64)
-            err, xla_err = _error(run(backend, jnp.float32), oracle), _error(run("xla", jnp.float32), oracle)
+            err, xla_err = _error(run(backend, dtype), oracle), _error(run("xla", dtype), oracle)
+            name_ = jnp.dtype(dtype).name
             if err > max(tol, 2 * xla_err):
-                raise AssertionError(f"relative error {err:.2e} (xla float32: {xla_err:.2e})")
-            RESULTS.append((label, f"ok ({err:.1e}; xla float32 {xla_err:.1e})"))
+                raise AssertionError(f"relative error {err:.2e} (xla {name_}: {xla_err:.2e})")
+            RESULTS.append((label, f"ok ({err:.1e}; xla {name_} {xla_err:.1e})"))
         except Exception as exc:  # noqa: BLE001  (every case runs; the exit code says what failed)
             RESULTS.append((label, f"FAIL {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"))
             traceback.print_exc()
@@ -126,6 +129,7 @@ def products(backends, rows):
             continue  # the same product kernels as cuda; atomics are in the conv backward only
         case(f"tp/{b}", lambda be, x, y, w: tp(x, y, w, backend=be), (x, y, w))
         case(f"tp/{b}/zero-rows", lambda be, x, y, w: tp(x, y, w, backend=be), (x[:0], y[:0], w[:0]), ("forward", "backward"))
+        case(f"tp/{b}/bfloat16", lambda be, x, y, w: tp(x, y, w, backend=be), (x, y, w), dtype=jnp.bfloat16)
     return tp
 
 
@@ -150,6 +154,7 @@ def convs(tp, backends, n, e, hub):
     conv = lambda be, x, y, w, s, r: tp.conv(x, y, w, s, r, n, backend=be)  # noqa: E731
     for b in backends:
         case(f"conv/{b}", conv, (x, y, w, s, r))
+        case(f"conv/{b}/bfloat16", conv, (x, y, w, s, r), dtype=jnp.bfloat16)
         case(f"radial_conv/{b}/3-chunks", lambda be, x, y, k, h, s, r: tp.radial_conv(x, y, h, k, s, r, n, edge_chunks=3, backend=be),
              (x, y, kernel, hidden, s, r), ("forward", "backward", "tangent"))  # fmt: skip
         case(f"conv/{b}/empty-graph", conv, (x, y[:0], w[:0], none, none), ("forward", "backward"))

@@ -10,6 +10,7 @@ import dataclasses
 
 import numpy as np
 
+from jequi.dtypes import compute_dtype
 from jequi.sums import Sums
 
 from . import build, codegen
@@ -18,8 +19,8 @@ from .schedule import LANES
 
 def spill_bytes(config: Config, dtype) -> int:
     """The spill stores (bytes per thread) a build of `dtype` may have (``Config.float32_spill_bytes``,
-    ``float64_spill_bytes``)."""
-    return config.float32_spill_bytes if np.dtype(dtype) == np.float32 else config.float64_spill_bytes
+    ``float64_spill_bytes``; half precision computes in float32)."""
+    return config.float32_spill_bytes if compute_dtype(dtype) == np.float32 else config.float64_spill_bytes
 
 
 # Warps per block a kernel is rebuilt with, in turn, until its code fits (_code_fitting).

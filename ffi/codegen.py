@@ -76,10 +76,16 @@ class Kernel:
     group_major: bool  # all nodes' blocks of a group run before the next group's (else node by node)
     programs: tuple[Program, ...]
     arrays: tuple[int, ...]  # the operand positions it takes, in parameter order (Plan.arrays)
+    results: tuple[tuple[str, object], ...] = ()  # (parameter name, numpy dtype) of each result (Plan.results)
 
     @property
     def entry(self) -> str:
         return f"jequi_{self.kind}"
+
+    def result_dtype(self, name: str):
+        """The dtype of result `name` (``out``, ``extra``, ``gx``, ``gxe``, ``gy``, ``gw``): the
+        operands' but for the partial sums a half-precision kernel leaves in float32."""
+        return dict(self.results)[name]
 
 
 class _Kernel(Emitter):
@@ -87,17 +93,17 @@ class _Kernel(Emitter):
 
     # --- kernels -----------------------------------------------------------------------------
     def params(self) -> list[str]:
-        params = [f"const T* __restrict__ {PARAM[pos]}" for pos in self.arrays]
+        params = [f"const {self.operand_ctype}* __restrict__ {PARAM[pos]}" for pos in self.arrays]
         if self.conv:
             params += [f"const int* __restrict__ {a}" for a in ("order", "other", "offsets", "rows", "slots")]
         if self.backward:
             grads = ("gx", "gxe", "gy", "gw") if self.conv and not self.atomic else ("gx", "gy", "gw")
             needs = {"gx": self.needs_gx, "gxe": self.needs_gx, "gy": self.needs_gy, "gw": self.needs_gw}
-            params += [f"T* __restrict__ {g}" for g in grads if needs[g]]
+            params += [f"{self.ctype(g)}* __restrict__ {g}" for g in grads if needs[g]]
         if not self.backward or self.fused:
-            params.append("T* __restrict__ out")
+            params.append(f"{self.ctype('out')}* __restrict__ out")
             if self.conv:
-                params.append("T* __restrict__ extra")
+                params.append(f"{self.ctype('extra')}* __restrict__ extra")
         scalars = ["num_nodes", "num_senders", "num_edges", "num_parts", "num_extras"] if self.conv else ["num_rows"]
         return params + [f"const long long {s}" for s in scalars]
 
@@ -264,7 +270,7 @@ class _Kernel(Emitter):
         if self.needs_gw and self.shared:
             for t in p.terms:
                 tag = names.term[id(t)]
-                self.w(f"if (active) {store_stmt(row, t.weight_position('u'), [f'gw{tag}_{c}' for c in range(p.channels)])}")
+                self.w(f"if (active) {store_stmt(row, t.weight_position('u'), [f'gw{tag}_{c}' for c in range(p.channels)], half=self.half)}")
 
     def tp_backward(self):
         w = self.w
@@ -297,10 +303,11 @@ class _Kernel(Emitter):
             w("// the dropped edges (an index out of range): zero gradients")
             with w.block(f"for (int k = start + warp; k < end; k += {self.g.warps})"):
                 w("const long long e = order[k];")
+                zero = lambda name: f"{self.ctype(name)}(0.0f)" if self.half else "0"  # noqa: E731
                 if self.needs_gy:
-                    w("for (int j = lane; j < D2; j += 32) gy[e * D2 + j] = 0;")
+                    w(f"for (int j = lane; j < D2; j += 32) gy[e * D2 + j] = {zero('gy')};")
                 if self.needs_gw and not self.shared and self.gi == 0:
-                    w("for (int j = lane; j < NW; j += 32) gw[e * NW + j] = 0;")
+                    w(f"for (int j = lane; j < NW; j += 32) gw[e * NW + j] = {zero('gw')};")
             if self.needs_gw and self.shared and self.gi == 0:
                 w("for (int j = threadIdx.x; j < NW; j += blockDim.x) gw[(long long)node * NW + j] = 0;")
             w("return;")
@@ -378,4 +385,5 @@ def generate(desc, dtype, kind: str, sums: Sums = FIRST_ORDER, shared: bool = Fa
     if k.warps * LANES > MAX_THREADS:
         raise ValueError(f"{desc!r} needs {k.warps} warps per block in the CUDA kernels (at most {MAX_THREADS // LANES})")
     programs = tuple(p for g in k.groups for p in g.programs)
-    return Kernel(kind, k.source(), k.warps * LANES, k.smem, k.chunk, len(k.groups), k.group_major, programs, k.arrays)
+    return Kernel(kind, k.source(), k.warps * LANES, k.smem, k.chunk, len(k.groups), k.group_major, programs, k.arrays,
+                  tuple(k.results.items()))

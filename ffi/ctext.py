@@ -46,18 +46,67 @@ def vtype(width: int) -> str:
     return "T" if width == 1 else f"T{width}"
 
 
-def load_expr(row: str, index: str, stream: bool, width: int = 1) -> str:
-    """A load of `width` adjacent values (one vector load: the index is a multiple of it)."""
+def load_expr(row: str, index: str, stream: bool, width: int = 1, half: bool = False) -> str:
+    """A load of `width` adjacent values (one vector load: the index is a multiple of it);
+    `half`: of half-precision values, widened to the math type (:func:`half_helpers`)."""
+    if half:
+        return f"{'ldcs' if stream else 'ldg'}{width}({row} + {index})"
     address = f"{row} + {index}" if width == 1 else f"reinterpret_cast<const {vtype(width)}*>({row} + {index})"
     return f"__ldcs({address})" if stream else f"__ldg({address})"
 
 
-def store_stmt(row: str, index: str, values: list[str], fn: str = "__stcs") -> str:
+def store_stmt(row: str, index: str, values: list[str], fn: str = "__stcs", half: bool = False) -> str:
     """A streaming store of adjacent `values` (one vector store), or with `fn` ``"red_add"``
-    an atomic add of them (:data:`RED_ADD`)."""
+    an atomic add of them (:data:`RED_ADD`). `half`: a half-precision kernel's store, whose
+    helper (:func:`half_helpers`) rounds the values where the row is stored in half precision."""
+    if half and fn == "__stcs":
+        return f"stcs{len(values)}({row} + {index}, {', '.join(values)});"
     if len(values) == 1:
         return f"{fn}({row} + {index}, {values[0]});"
     return f"{fn}(reinterpret_cast<{vtype(len(values))}*>({row} + {index}), MAKE{len(values)}({', '.join(values)}));"
+
+
+# A half-precision kernel's storage type S, its pair S2, and their conversions to and from float.
+_HALF_TYPES = {
+    "bfloat16": ("cuda_bf16.h", "__nv_bfloat16", "__nv_bfloat162", "__bfloat162float", "__bfloat1622float2",
+                 "__float2bfloat16_rn", "__floats2bfloat162_rn"),
+    "float16": ("cuda_fp16.h", "__half", "__half2", "__half2float", "__half22float2", "__float2half_rn", "__floats2half2_rn"),
+}  # fmt: skip
+
+
+def half_helpers(storage: str) -> list[str]:
+    """C lines of a half-precision kernel (`storage`: ``"bfloat16"`` or ``"float16"``): its types
+    and the loads and stores :func:`load_expr` and :func:`store_stmt` name. ``ldcs<n>`` /
+    ``ldg<n>`` load `n` adjacent values (``n * 2`` bytes, one load) and widen them to float;
+    ``stcs<n>`` stores `n` floats, rounded to nearest even where the pointer is ``S*`` and as
+    they are where it is ``float*`` (the partial sums the caller adds)."""
+    header, s, s2, tof, tof2, tos, tos2 = _HALF_TYPES[storage]
+    lines = [f"#include <{header}>", f"typedef {s} S;", f"typedef {s2} S2;"]
+    for name, ld in (("ldcs", "__ldcs"), ("ldg", "__ldg")):
+        lines += [
+            f"__device__ __forceinline__ float {name}1(const S* p) {{ return {tof}({ld}(p)); }}",
+            f"__device__ __forceinline__ float2 {name}2(const S* p) {{ return {tof2}({ld}(reinterpret_cast<const S2*>(p))); }}",
+            f"__device__ __forceinline__ float4 {name}4(const S* p) {{",
+            f"  const uint2 v = {ld}(reinterpret_cast<const uint2*>(p));",
+            f"  const float2 a = {tof2}(*reinterpret_cast<const S2*>(&v.x)), b = {tof2}(*reinterpret_cast<const S2*>(&v.y));",
+            "  return make_float4(a.x, a.y, b.x, b.y);",
+            "}",
+        ]  # fmt: skip
+    lines += [
+        "__device__ __forceinline__ void stcs1(float* p, float a) { __stcs(p, a); }",
+        "__device__ __forceinline__ void stcs2(float* p, float a, float b) { __stcs(reinterpret_cast<float2*>(p), make_float2(a, b)); }",
+        "__device__ __forceinline__ void stcs4(float* p, float a, float b, float c, float d) {",
+        "  __stcs(reinterpret_cast<float4*>(p), make_float4(a, b, c, d));",
+        "}",
+        f"__device__ __forceinline__ void stcs1(S* p, float a) {{ __stcs(p, {tos}(a)); }}",
+        f"__device__ __forceinline__ void stcs2(S* p, float a, float b) {{ __stcs(reinterpret_cast<S2*>(p), {tos2}(a, b)); }}",
+        "__device__ __forceinline__ void stcs4(S* p, float a, float b, float c, float d) {",
+        f"  const S2 lo = {tos2}(a, b), hi = {tos2}(c, d);",
+        "  __stcs(reinterpret_cast<uint2*>(p), make_uint2(*reinterpret_cast<const unsigned*>(&lo), *reinterpret_cast<const unsigned*>(&hi)));",
+        "}",
+        f"__device__ __forceinline__ float tof(S v) {{ return {tof}(v); }}",
+    ]  # fmt: skip
+    return lines
 
 
 # Reductions without a result (PTX red; atomicAdd compiles to atom, which returns the old

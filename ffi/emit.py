@@ -9,8 +9,8 @@ import numpy as np
 from jequi.descriptor import Segment
 
 from .ctext import (
-    PARAM, RED_ADD, TABLE, VALUE, Names, Writer, fma_sum, lane_vectors, lit, load_expr, segment_base, store_stmt,
-    suffix, table_name, vtype,
+    PARAM, RED_ADD, TABLE, VALUE, Names, Writer, fma_sum, half_helpers, lane_vectors, lit, load_expr, segment_base,
+    store_stmt, suffix, table_name, vtype,
 )  # fmt: skip
 from .launch import Plan
 from .schedule import LANES, Program, Term
@@ -28,12 +28,14 @@ class Emitter(Plan):
     def header(self):
         d1, d2, dout = self.desc.dims
         w = self.w
-        w(f"// jequi {self.kind}: {self.desc!r}, {self.dtype.name}, {self.sums}, shared weights {self.shared}")
+        w(f"// jequi {self.kind}: {self.desc!r}, {self.storage.name}, {self.sums}, shared weights {self.shared}")
         base = "float" if self.dtype == np.float32 else "double"
         w(f"typedef {base} T;")
         for n in (2, 4) if self.dtype == np.float32 else (2,):
             w(f"typedef {base}{n} T{n};", f"#define MAKE{n} make_{base}{n}")
         w(f"typedef T{self.vector} TV;")
+        if self.half:
+            w(*half_helpers(self.storage.name))
         w("#define FULL 0xffffffffu")
         w(f"constexpr int K = {self.chunk}, D1 = {d1}, D2 = {d2}, DOUT = {dout}, NW = {self.desc.weight_numel}, G = {len(self.groups)};")
         if self.atomic:
@@ -44,7 +46,7 @@ class Emitter(Plan):
         """``build_a<gi>``: the lane's edge row of group `gi`'s ``A`` for the terms this warp
         builds."""
         w = self.w
-        with w.block(f"__device__ __forceinline__ void build_a{gi}(const int warp, const T* __restrict__ yr, T* __restrict__ a)"):
+        with w.block(f"__device__ __forceinline__ void build_a{gi}(const int warp, const {self.operand_ctype}* __restrict__ yr, T* __restrict__ a)"):
             with w.block("switch (warp)"):
                 for n, terms in enumerate(self.g.layout.builders):
                     if not terms:
@@ -52,7 +54,7 @@ class Emitter(Plan):
                     with w.block(f"case {n}:"):
                         used = sorted({p for t in terms for i, k in t.entries for p, _ in t.entry_terms(i, k)})
                         for p in used:
-                            w(f"const T y{p} = yr[{p}];")
+                            w(f"const T y{p} = {f'tof(yr[{p}])' if self.half else f'yr[{p}]'};")
                         for t in terms:
                             base = self.g.layout.slots[id(t)]
                             for m, (i, k) in enumerate(t.entries):
@@ -83,9 +85,8 @@ class Emitter(Plan):
     # (x by sender, the cotangent by receiver) keep L2 to themselves. A batched backward's rows
     # are the exception (:attr:`cached_rows`).
     # Loads return (name, vector width, expression) of each vector; Names names its values.
-    @staticmethod
-    def _segment_loads(prefix: str, base: str, segments, v: int, row: str, stream: bool):
-        return [(f"{prefix}{s.offset}_{n}", v, load_expr(row, f"{base}{s.offset} + {offset}", stream, v))
+    def _segment_loads(self, prefix: str, base: str, segments, v: int, row: str, stream: bool):
+        return [(f"{prefix}{s.offset}_{n}", v, load_expr(row, f"{base}{s.offset} + {offset}", stream, v, self.half))
                 for s in segments for n, (offset, _) in enumerate(lane_vectors(s, v))]  # fmt: skip
 
     def x_loads(self, p: Program, row, stream: bool, positions):
@@ -105,7 +106,7 @@ class Emitter(Plan):
         return None if p.mul % LANES == 0 else f"lane + {LANES * j} < staged * {s.ir_dim}"
 
     def _staged_load(self, row: str, s: Segment, j: int, p: Program, stream: bool) -> str:
-        load = load_expr(row, f"bx{s.offset} + lane + {LANES * j}", stream)
+        load = load_expr(row, f"bx{s.offset} + lane + {LANES * j}", stream, half=self.half)
         cond = self._staged_in_range(p, s, j)
         return f"({cond} ? {load} : T(0))" if cond else load
 
@@ -124,10 +125,9 @@ class Emitter(Plan):
     def g_loads(self, p: Program, row: str, stream: bool):
         return self._segment_loads("g", "bo", p.out_segments, p.channels, row, stream)
 
-    @staticmethod
-    def w_loads(p: Program, names: Names, row, positions, stream: bool = True):
+    def w_loads(self, p: Program, names: Names, row, positions, stream: bool = True):
         # lane_channels keeps a lane's channels' weights adjacent (one vector) where it has several
-        return [(f"{VALUE[pos]}{names.term[id(t)]}", p.channels, load_expr(row(pos), t.weight_position("u"), stream, p.channels))
+        return [(f"{VALUE[pos]}{names.term[id(t)]}", p.channels, load_expr(row(pos), t.weight_position("u"), stream, p.channels, self.half))
                 for pos in positions for t in p.terms]  # fmt: skip
 
     def operand_loads(self, p: Program, names: Names, sfx: str, stream: bool, xs=True, gz=False):
@@ -143,10 +143,11 @@ class Emitter(Plan):
     def operand_rows(self, sfx: str, x_row: str | None, w_row: str, g_row: str | None = None) -> list[str]:
         """C lines declaring the row pointers :meth:`operand_loads` reads: the ``x``-like rows
         at element `x_row` (None: none), the ``w``-like at `w_row`, ``gz``'s at `g_row`."""
-        lines = [f"const T* {VALUE[pos]}r{sfx} = {PARAM[pos]} + {x_row} * D1;" for pos in self.sums.x_likes] if x_row else []
+        t = self.operand_ctype
+        lines = [f"const {t}* {VALUE[pos]}r{sfx} = {PARAM[pos]} + {x_row} * D1;" for pos in self.sums.x_likes] if x_row else []
         if g_row:
-            lines.append(f"const T* gr{sfx} = gz + {g_row} * DOUT;")
-        return lines + [f"const T* {VALUE[pos]}r{sfx} = {PARAM[pos]} + {w_row} * NW;" for pos in self.sums.w_likes]
+            lines.append(f"const {t}* gr{sfx} = gz + {g_row} * DOUT;")
+        return lines + [f"const {t}* {VALUE[pos]}r{sfx} = {PARAM[pos]} + {w_row} * NW;" for pos in self.sums.w_likes]
 
     def store_segments(self, segments, base: str, row: str, value, v: int, fn: str = "__stcs"):
         """Store (:func:`store_stmt`'s `fn`) `value(segment, component, channel)` (a C name) of
@@ -154,7 +155,7 @@ class Emitter(Plan):
         of each), by vectors."""
         for s in segments:
             for offset, values in lane_vectors(s, v):
-                self.w(f"if (active) {store_stmt(row, f'{base}{s.offset} + {offset}', [value(s, i, c) for i, c in values], fn)}")
+                self.w(f"if (active) {store_stmt(row, f'{base}{s.offset} + {offset}', [value(s, i, c) for i, c in values], fn, self.half)}")
 
     def load_a(self, t: Term, names: Names, pos: int) -> list[str]:
         """Vector loads of term `t`'s entries of the ``A`` table of operand `pos` (the current
@@ -208,7 +209,7 @@ class Emitter(Plan):
                 for pos in self.sums.w_likes:
                     pr = f"pr{VALUE[pos]}"
                     w(f"const char* {pr} = reinterpret_cast<const char*>({PARAM[pos]} + (long long)order[pk] * NW);")
-                    w("for (int l = threadIdx.x * 128; l < NW * (int)sizeof(T); l += blockDim.x * 128) "
+                    w(f"for (int l = threadIdx.x * 128; l < NW * (int)sizeof({self.operand_ctype}); l += blockDim.x * 128) "
                       f'asm volatile("prefetch.global.L2 [%0];" :: "l"({pr} + l));')
 
     # --- forward ---------------------------------------------------------------------------
@@ -271,10 +272,10 @@ class Emitter(Plan):
         for s in segments:
             guard = lambda j: f"if ({cond}) " if (cond := self._staged_in_range(p, s, j)) else ""  # noqa: E731
             if s.ir_dim == 1:
-                w(f"{guard(0)}__stcs({row} + bo{s.offset} + lane, acc{s.offset}_0_0);")
+                w(f"{guard(0)}{store_stmt(row, f'bo{s.offset} + lane', [f'acc{s.offset}_0_0'], half=self.half)}")
                 continue
             w(*(f"tb[lane * {s.ir_dim} + {k}] = acc{s.offset}_{k}_0;" for k in range(s.ir_dim)), "__syncwarp();")
-            w(*(f"{guard(j)}__stcs({row} + bo{s.offset} + lane + {LANES * j}, tb[lane + {LANES * j}]);" for j in range(s.ir_dim)))
+            w(*(f"{guard(j)}{store_stmt(row, f'bo{s.offset} + lane + {LANES * j}', [f'tb[lane + {LANES * j}]'], half=self.half)}" for j in range(s.ir_dim)))
             w("__syncwarp();")
 
     # --- backward --------------------------------------------------------------------------
@@ -321,7 +322,7 @@ class Emitter(Plan):
                         expr = fma_sum((names.x(t.x, i, c, a), f"v{suffix(b)}{tag}_{i}_{c}") for a, b in sums.dw for i in rows)
                         w(f"{'' if self.shared else 'const T '}gw{tag}_{c} {'+' if self.shared else ''}= {expr};")
                     if not self.shared:  # lane_channels keeps the lane's channels' weights adjacent
-                        w(f"if (active) {store_stmt(gwrow, t.weight_position('u'), [f'gw{tag}_{c}' for c in channels])}")
+                        w(f"if (active) {store_stmt(gwrow, t.weight_position('u'), [f'gw{tag}_{c}' for c in channels], half=self.half)}")
                 if self.needs_gx:
                     for i in rows:
                         for c in channels:
@@ -396,6 +397,6 @@ class Emitter(Plan):
                 for idx, j in enumerate(p.y_positions):
                     owners.setdefault(j, []).append(self.g.gy_offsets[q] + c * len(p.y_positions) + idx)
         with w.block(f"for (int kk = threadIdx.x; kk < {n}; kk += {self.g.warps * LANES})"):
-            w("const T* g = gyp + kk * GY;", f"T* out = gy + (long long)({edge_of}) * D2;")
+            w("const T* g = gyp + kk * GY;", f"{self.ctype('gy')}* out = gy + (long long)({edge_of}) * D2;")
             for j in range(d2):
-                w(f"__stcs(out + {j}, {' + '.join(f'g[{o}]' for o in owners[j]) if j in owners else 'T(0)'});")
+                w(store_stmt("out", str(j), [' + '.join(f'g[{o}]' for o in owners[j]) if j in owners else 'T(0)'], half=self.half))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from jequi.dtypes import HALF, compute_dtype
 from jequi.sums import BACKWARD, FORWARD, GZ, W, X, Y, Sums
 
 from . import schedule
@@ -58,7 +59,12 @@ class Plan:
     def __init__(self, desc, dtype, kind: str, sums: Sums, shared: bool, config: Config):
         assert kind in KINDS, kind
         self.desc, self.kind, self.shared = desc, kind, shared
-        self.dtype = np.dtype(dtype)
+        # Half-precision operands are stored as `storage` and widened as they load: the kernel
+        # computes, schedules, sizes its registers and shared memory, in `dtype`, the math dtype
+        # (jequi.dtypes.compute_dtype), as a float32 kernel does.
+        self.storage = np.dtype(dtype)
+        self.half = self.storage in HALF
+        self.dtype = compute_dtype(self.storage)
         self.fused = kind == "tp_second"
         self.backward = kind.endswith("backward") or self.fused
         self.conv = kind.startswith("conv")
@@ -129,3 +135,27 @@ class Plan:
         self.chunk = next(k for k in CHUNKS if k <= most and (size(k) <= config.smem_budget or k <= 8))
         self.smem = size(self.chunk)
         self.config = config
+        self.results = self._result_dtypes()
+
+    def _result_dtypes(self) -> dict[str, np.dtype]:
+        """The dtype of each result array, by parameter name. A half-precision kernel rounds
+        into the storage dtype only the results it completes: a batched row's ``out`` and
+        ``gx``, an edge's ``gw``, and ``gy`` where one group owns every edge's. The partial sums
+        its caller still adds (a conv's node rows, which a hub's parts split; ``extra`` and
+        ``gxe``; the groups' ``gy``; shared weights' per-block ``gw``) stay in the math dtype,
+        so each result is rounded once (jequi.dtypes)."""
+        partial = {"extra", "gxe"} | ({"out", "gx"} if self.conv else set())
+        partial |= {"gy"} if len(self.groups) > 1 else set()
+        partial |= {"gw"} if self.shared else set()
+        names = ("out", "extra", "gx", "gxe", "gy", "gw")
+        return {n: self.dtype if n in partial else self.storage for n in names}
+
+    def ctype(self, result: str) -> str:
+        """C type of result `result`'s elements: ``T`` (the math type), or ``S`` (storage) in a
+        half-precision kernel (:meth:`_result_dtypes`)."""
+        return "S" if self.results[result] != self.dtype else "T"
+
+    @property
+    def operand_ctype(self) -> str:
+        """C type of the operands' elements (``S``: stored in half precision)."""
+        return "S" if self.half else "T"

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jequi.dtypes import STORED
 from jequi.graph import RowParts, part_edges, row_parts
 from jequi.row_fixup import add_extras
 from jequi.sums import ALL, FORWARD, Sums
@@ -21,8 +22,10 @@ from . import build, build_search, codegen, schedule
 from .config import DEFAULT, Config
 from .launch import FIRST_ORDER, computed
 
-# The operands' dtypes the generated kernels take (no half precision: jequi.dtypes; Pallas takes it).
-DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+# The operands' dtypes the generated kernels take: half precision is stored and widened to float32
+# as it loads (jequi.dtypes; :meth:`.launch.Plan._result_dtypes` for the results the kernel leaves
+# in float32, which are summed here and rounded once).
+DTYPES = STORED
 # Spill stores (bytes per thread) up to which the double backward's dgz runs inside its
 # backward kernel (tp_second, :func:`fuses_second`): fusing paid for a kernel that spilled a
 # few hundred bytes, and was a wash for one that spilled about two thousand
@@ -84,7 +87,7 @@ def kernel(desc, dtype, kind: str, sums: Sums = FIRST_ORDER, shared: bool = Fals
     """The generated kernel of `config`, made once per process (:func:`.build_search.make`)."""
     dtype = np.dtype(dtype)
     if dtype not in DTYPES:
-        raise ValueError(f"the cuda backend runs float32 and float64, not {dtype}")
+        raise ValueError(f"the cuda backend runs {', '.join(d.name for d in DTYPES)}, not {dtype}")
     sums = computed(kind, sums)
     key = (desc, dtype, kind, sums, bool(shared), config)
     if key not in generated:
@@ -101,6 +104,12 @@ def _struct(shape, dtype):
     return jax.ShapeDtypeStruct(tuple(shape), dtype)
 
 
+def _results(k, named_shapes):
+    """The result structs of kernel `k`: ``(name, shape)`` pairs, each in the kernel's dtype
+    for that result (:meth:`~.codegen.Kernel.result_dtype`)."""
+    return [_struct(shape, k.result_dtype(name)) for name, shape in named_shapes]
+
+
 def _call(k, arrays, outs, grid_x, scalars, indices=(), zero=()):
     """Run `k` on the operands it takes from ``arrays = (x, y, w, gz, ggx, ggy, ggw)`` (a
     prefix of it where the rest is not read), then `indices`; results `zero` start at zero."""
@@ -115,19 +124,20 @@ def forward_sum(desc, arrays, sums: Sums = FORWARD, config: Config = DEFAULT):
     n = x.shape[0]
     k = kernel(desc, x.dtype, "tp_forward", sums, w.ndim == 1, config)
     zero = (0,) if desc.untouched.out else ()
-    return _call(k, arrays, _struct((n, desc.dims[2]), x.dtype), -(-n // k.chunk) * k.groups, [n], zero=zero)
+    return _call(k, arrays, _struct((n, desc.dims[2]), k.result_dtype("out")), -(-n // k.chunk) * k.groups, [n], zero=zero)
 
 
-def _gradients(k, needs, results, shared: bool):
-    """``(gx, gy, gw)`` with None for those not computed: the groups' gy partials and the
-    blocks' shared-weight partials summed."""
+def _gradients(k, needs, results, shared: bool, dtype):
+    """``(gx, gy, gw)`` in `dtype` (the operands'), with None for those not computed: the
+    groups' gy partials and the blocks' shared-weight partials summed (in the kernel's math
+    dtype where it is half precision's float32, then rounded once)."""
     results = iter(results)
     gx, gy, gw = (next(results) if need else None for need in needs)
     if gy is not None:
         gy = jnp.sum(gy, axis=-3) if k.groups > 1 else gy[..., 0, :, :]
     if gw is not None and shared:
         gw = jnp.sum(gw, axis=-2)
-    return gx, gy, gw
+    return tuple(None if g is None else g.astype(dtype) for g in (gx, gy, gw))
 
 
 def backward_sum(desc, arrays, sums: Sums, config: Config = DEFAULT):
@@ -152,15 +162,15 @@ def _batched_backward(desc, arrays, kind: str, sums: Sums, config: Config):
     shared = w.ndim == 1
     k = kernel(desc, x.dtype, kind, sums, shared, config)
     blocks = -(-n // k.chunk)
-    shapes = [(n, d1), (k.groups, n, d2), (blocks, desc.weight_numel) if shared else (n, desc.weight_numel)]
-    outs = [_struct(s, x.dtype) for s, need in zip(shapes, sums.needs) if need]
+    shapes = [("gx", (n, d1)), ("gy", (k.groups, n, d2)), ("gw", (blocks, desc.weight_numel) if shared else (n, desc.weight_numel))]
+    outs = _results(k, [s for s, need in zip(shapes, sums.needs) if need])
     zero = _zeroed(desc, sums.needs)
     fused = kind == "tp_second"
     if fused:
-        outs.append(_struct((n, dout), x.dtype))
+        outs += _results(k, [("out", (n, dout))])
         zero += (len(outs) - 1,) if desc.untouched.out else ()
     results = _call(k, arrays, outs, blocks * k.groups, [n], zero=zero)
-    gradients = _gradients(k, sums.needs, results[:-1] if fused else results, shared)
+    gradients = _gradients(k, sums.needs, results[:-1] if fused else results, shared, x.dtype)
     return (*gradients, results[-1]) if fused else gradients
 
 
@@ -214,10 +224,10 @@ def conv_forward_sum(desc, arrays, graph, sums: Sums = FORWARD, config: Config =
     x, _, w = arrays[:3]
     k = kernel(desc, x.dtype, "conv_forward", sums, w.ndim == 1, config)
     parts = _parts(graph.receiver_offsets, graph)
-    outs = [_struct((graph.num_nodes, desc.dims[2]), x.dtype), _struct((max(1, parts.num_extras), desc.dims[2]), x.dtype)]
+    outs = _results(k, [("out", (graph.num_nodes, desc.dims[2])), ("extra", (max(1, parts.num_extras), desc.dims[2]))])
     zero = (0, 1) if desc.untouched.out else ()
     out, extras = _conv_call(k, arrays, graph, parts, graph.receiver_order, graph.receiver_senders, outs, zero)
-    return add_extras(out, extras, parts.firsts)
+    return add_extras(out, extras, parts.firsts).astype(x.dtype)
 
 
 def conv_backward_sum(desc, arrays, graph, sums: Sums, config: Config = DEFAULT, *, kahan: bool = False):
@@ -239,18 +249,18 @@ def conv_backward_sum(desc, arrays, graph, sums: Sums, config: Config = DEFAULT,
     else:
         offsets, order, other = graph.sender_offsets, graph.sender_order, graph.sender_receivers
     parts = _parts(offsets, graph)
-    shapes = [(ns, d1), (k.groups, e, d2), (parts.num_parts, desc.weight_numel) if shared else (e, desc.weight_numel)]
-    outs = [_struct(s, x.dtype) for s, need in zip(shapes, sums.needs) if need]
+    shapes = [("gx", (ns, d1)), ("gy", (k.groups, e, d2)), ("gw", (parts.num_parts, desc.weight_numel) if shared else (e, desc.weight_numel))]
+    outs = _results(k, [s for s, need in zip(shapes, sums.needs) if need])
     zero = {*_zeroed(desc, sums.needs), *((0,) if atomic and sums.needs[0] else ())}
     extras = not atomic and sums.needs[0]
     if extras:  # the gx partial sums of the senders' parts past their first, after gx
-        outs.insert(1, _struct((max(1, parts.num_extras), d1), x.dtype))
+        outs.insert(1, _struct((max(1, parts.num_extras), d1), k.result_dtype("gxe")))
         zero = {i + (i > 0) for i in zero} | ({1} if 0 in zero else set())
     results = list(_conv_call(k, arrays, graph, parts, order, other, outs, tuple(sorted(zero))))
     if extras:
         gx, gx_extras = results[:2]
         results[:2] = [add_extras(gx, gx_extras, parts.firsts[..., : ns + 1])]
-    return _gradients(k, sums.needs, results, shared)
+    return _gradients(k, sums.needs, results, shared, x.dtype)
 
 
 def conv_forward(desc, x, y, w, graph, config: Config = DEFAULT, *, kahan: bool = False):

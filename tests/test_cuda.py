@@ -259,6 +259,13 @@ COMPILE_CASES = [
     # the catalogue's widest batched forward (19,968 outputs a row), one segment's sums at a time
     ("nequip-benzene", np.float32, "tp_forward", (True, True, True), False),
     ("nequip-benzene-ir_mul", np.float64, "tp_forward", (True, True, True), False),
+    # half-precision storage (widened to float32 as it loads), every kind
+    ("vec", jnp.bfloat16, "conv_forward", (True, True, True), False),
+    ("vec-ir_mul", jnp.float16, "conv_backward", (True, True, True), True),
+    ("wide", jnp.bfloat16, "conv_atomic_backward", SECOND, False),
+    ("vec-ir_mul", jnp.bfloat16, "tp_forward", (True, True, True), False),
+    ("uvu-in2-mul", jnp.float16, "tp_backward", (True, True, True), True),
+    ("vec", jnp.bfloat16, "tp_second", SECOND, False),
 ]
 
 

@@ -194,8 +194,8 @@ def default_backend(desc=None, shared_weights: bool = False, conv: bool = False,
     """The fastest correct backend for `desc` on the default JAX platform (with weights
     shared by every row if `shared_weights`; for the fused convolution if `conv`; for operands
     stored in `dtype`, None: float32 or float64); without a descriptor, the platform's default
-    for the products the Pallas kernels run. Half-precision operands, which the CUDA kernels do
-    not take, go to Pallas where the CUDA kernels would run.
+    for the products the Pallas kernels run. Every backend stores half precision (widened to
+    float32 as it loads), so `dtype` changes the choice only for a dtype a backend refuses.
 
     On GPU the Pallas kernels beat ``xla`` on every problem measured with per-row weights
     (channelwise and ``uvw``; benchmarks/results/2026-11-21-h200-tp.md), so they run every
