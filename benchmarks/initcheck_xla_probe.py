@@ -3,10 +3,14 @@ reports that ``benchmarks/sanitize_run.sh``'s initcheck gives in XLA fusions (no
 kernel). It runs the ops of ``jequi.graph.csr_offsets`` and ``row_parts`` in their order (the
 counts' scatter-add, ``cumsum``, the parts' ``maximum``, ``cumsum``, ``searchsorted``) with plain jax.numpy, under ``jit``.
 
-    compute-sanitizer --tool initcheck python3 benchmarks/initcheck_xla_probe.py [x64]
+    compute-sanitizer --tool initcheck python3 benchmarks/initcheck_xla_probe.py [x64] [scan]
 
 ``x64`` turns on ``jax_enable_x64`` as the sanitizer harness does (its float64 oracle): the
-counts and sums stay int32 (as jequi's), the search's loop counter becomes int64. Results:
+counts and sums stay int32 (as jequi's), the search's loop counter becomes int64. ``scan`` runs
+the same ops in the structure of ``radial_conv``'s chunks instead, where initcheck reported
+``loop_maximum_fusion`` (the parts' ``maximum`` read offsets that came through the loop's
+state): offsets built per chunk under ``vmap``, a ``scan`` over the chunks whose ``checkpoint``ed
+body uses them, differentiated, so the backward's transposed loop recomputes them. Results:
 benchmarks/results/2026-12-02-nvidia-h200-sanitizer.md.
 """
 
@@ -15,7 +19,7 @@ import sys
 import jax
 import jax.numpy as jnp
 
-jax.config.update("jax_enable_x64", sys.argv[1:] == ["x64"])
+jax.config.update("jax_enable_x64", "x64" in sys.argv[1:])
 
 
 @jax.jit
@@ -29,5 +33,32 @@ def bookkeeping(keys, p):
     return jnp.clip(jnp.searchsorted(firsts, p, side="right") - 1, 0, 500)
 
 
+def offsets_of(keys):
+    counts = jnp.zeros(501, jnp.int32).at[keys].add(1, mode="drop")
+    return jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(counts, dtype=jnp.int32)])
+
+
+@jax.jit
+def chunked(keys, x):
+    """The gradient of a sum over 3 chunks of 20,000 edges, each chunk's parts from its offsets."""
+    offsets = jax.vmap(offsets_of)(keys.reshape(3, 20_000))
+
+    @jax.checkpoint
+    def part(x, o):
+        parts = jnp.maximum(1, -(-(o[1:] - o[:-1]) // 15))
+        return (x[:501] * parts.astype(x.dtype)).sum()
+
+    def loss(x):
+        first = part(x, offsets[0])
+        total, _ = jax.lax.scan(lambda c, o: (c + part(x, o), None), first, offsets[1:])
+        return total
+
+    return jax.grad(loss)(x)
+
+
 keys = jnp.arange(60_000, dtype=jnp.int32) % 500
-print("x64" if jax.config.jax_enable_x64 else "x32", int(bookkeeping(keys, jnp.arange(4_501, dtype=jnp.int32)).sum()), flush=True)
+mode = ("x64" if jax.config.jax_enable_x64 else "x32") + (" scan" if "scan" in sys.argv[1:] else "")
+if "scan" in sys.argv[1:]:
+    print(mode, float(chunked(keys, jnp.ones(600, jnp.float32)).sum()), flush=True)
+else:
+    print(mode, int(bookkeeping(keys, jnp.arange(4_501, dtype=jnp.int32)).sum()), flush=True)

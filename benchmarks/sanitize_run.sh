@@ -8,7 +8,7 @@
 #   SANITIZE_TOOLS="memcheck racecheck initcheck" SANITIZE_FAMILIES=tp,conv bash benchmarks/sanitize_run.sh
 # SANITIZE_ONLY=conv/pallas/forward,graph: only the cases whose label starts so (families: also graph,
 # the conv's index bookkeeping without a kernel). RUN_CONTROL=0: not the initcheck control
-# (benchmarks/initcheck_xla_probe.py: JAX's index ops without jequi, x64 off and on).
+# (benchmarks/initcheck_xla_probe.py: JAX's index ops without jequi, x64 off and on, and in radial_conv's loop).
 # Writes native.log, <tool>.log and summary.txt (each run's case count and each tool's ERROR
 # SUMMARY, appended) into $OUT; the results file is benchmarks/results/<date>-<device>-sanitizer.md.
 set -uo pipefail
@@ -40,8 +40,9 @@ for tool in ${SANITIZE_TOOLS-memcheck racecheck initcheck}; do
 done
 if [ "${RUN_CONTROL:-1}" = 1 ] && [[ " ${SANITIZE_TOOLS-memcheck racecheck initcheck} " == *" initcheck "* ]]; then
   # the control: JAX's own index ops without jequi (benchmarks/initcheck_xla_probe.py), x64 off and on
-  for mode in x32 x64; do
-    compute-sanitizer --tool initcheck --print-limit 20 python3 benchmarks/initcheck_xla_probe.py $([ $mode = x64 ] && echo x64) > "$OUT/initcheck-control-$mode.log" 2>&1
+  # (x64-scan: the same ops in radial_conv's chunk loop, transposed, where loop_maximum_fusion was reported)
+  for mode in x32 x64 x64-scan; do
+    compute-sanitizer --tool initcheck --print-limit 20 python3 benchmarks/initcheck_xla_probe.py ${mode//-/ } > "$OUT/initcheck-control-$mode.log" 2>&1
     echo "initcheck control ($mode, no jequi): $(grep -m1 'ERROR SUMMARY' "$OUT/initcheck-control-$mode.log")" | tee -a "$OUT/summary.txt"
     grep -oE '^=========     at [A-Za-z0-9_.$]+' "$OUT/initcheck-control-$mode.log" | sed 's/^=========     at /  reported in /' | sort | uniq -c | tee -a "$OUT/summary.txt"
   done

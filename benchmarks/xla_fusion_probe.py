@@ -39,12 +39,32 @@ def main():
         for line in text.splitlines():
             if re.match(rf"^\s+(?:ROOT )?%?{re.escape(fusion)} = ", line):
                 print(line.strip()[:1500])
-                for op in re.findall(r"%([\w.\-]+)", line.split("=", 1)[1].split("calls=")[0]):
-                    if op in defs:
-                        print("  operand:", defs[op][:600])
+                for op in re.findall(r"%([\w.\-]+(?:#\d+)?)", line.split("=", 1)[1].split("calls=")[0]):
+                    chase(op, defs, depth=0)
                 called = re.search(r"calls=%?([\w.\-]+)", line)
                 if called and called.group(1) in comps:
-                    print(comps[called.group(1)][:4000])
+                    print(comps[called.group(1)][:8000])
+
+
+def _operands(line: str) -> list[str]:
+    """The operand names of an instruction line (``name#k``: element k of a tuple)."""
+    args = line.split("=", 1)[1].split("calls=")[0].split("metadata=")[0]
+    return re.findall(r"%([\w.\-]+(?:#\d+)?)", args)
+
+
+def chase(op: str, defs: dict[str, str], depth: int, limit: int = 8):
+    """Print the instruction making `op`, then those making its operands, `limit` levels deep
+    (through tuples, to the element taken): where a fusion's input comes from."""
+    name, _, element = op.partition("#")
+    if depth > limit or name not in defs:
+        return
+    line = defs[name]
+    print(f"{'  ' * (depth + 1)}<- {line[:400]}")
+    operands = _operands(line)
+    if " tuple(" in line and element:
+        operands = operands[int(element) : int(element) + 1]
+    for o in operands[:4]:
+        chase(o, defs, depth + 1, limit)
 
 
 if __name__ == "__main__":
