@@ -735,6 +735,44 @@ def test_every_op_zeroes_the_untouched_results(monkeypatch):
         assert launches == expected, (tp, launches)
 
 
+def test_half_precision_results_are_rounded_once(monkeypatch):
+    """In bfloat16 and float16 the kernels write the results they complete in the operands'
+    dtype and the partial sums their caller still adds in float32 (``Plan._result_dtypes``: a
+    conv's node rows and their extras, the groups' ``gy``, a shared weight's per-block ``gw``);
+    every op returns its operands' dtype. In float32 every result is float32 (kernels generated,
+    not compiled: launches captured)."""
+    launches = []
+
+    def captured(k, args, outs, grid_x, unit, scalars, zero=()):
+        many = isinstance(outs, list)
+        launches.append((k.kind, k.groups, [np.dtype(o.dtype).name for o in (outs if many else [outs])]))
+        zeros = [jnp.zeros(o.shape, o.dtype) for o in (outs if many else [outs])]
+        return zeros if many else zeros[0]
+
+    monkeypatch.setattr(ops, "kernel", lambda desc, dtype, kind, sums=launch.FIRST_ORDER, shared=False, config=DEFAULT: codegen.generate(
+        desc, dtype, kind, launch.computed(kind, sums), shared, config))  # fmt: skip
+    monkeypatch.setattr(build, "call", captured)
+    graph = jequi.Graph.build(np.array([0, 1, 2]), np.array([1, 2, 0]), 3)
+    atomic = dataclasses.replace(DEFAULT, atomic_conv_backward=True)
+    for name in ("uvu", "wide"):
+        desc = PROBLEMS[name]().descriptor.trilinear
+        d1, d2, dout = desc.dims
+        for dtype in (jnp.bfloat16, jnp.float16, jnp.float32):
+            x, y, w, gz = (jnp.ones((3, d), dtype) for d in (d1, d2, desc.weight_numel, dout))
+            s = np.dtype(dtype).name
+            half = dtype != jnp.float32
+            f = "float32"
+            launches.clear()
+            results = [ops.forward(desc, x, y, w), *ops.backward(desc, x, y, w, gz), *ops.backward(desc, x, y, w[0], gz),
+                       ops.conv_forward(desc, x, y, w, graph), *ops.conv_backward(desc, x, y, w, gz, graph),
+                       *ops.conv_backward(desc, x, y, w, gz, graph, config=atomic)]  # fmt: skip
+            assert all(r.dtype == dtype for r in results), (name, s, [r.dtype for r in results])
+            group_gy = lambda groups: f if half and groups > 1 else s  # noqa: E731
+            (_, _, fwd), (_, g1, bwd), (_, g2, shared), (_, _, conv), (_, g3, cbwd), (_, g4, abwd) = launches
+            assert fwd == [s] and bwd == [s, group_gy(g1), s] and shared == [s, group_gy(g2), f if half else s], (name, s, launches)
+            assert conv == [f, f] and cbwd == [f, f, group_gy(g3), s] and abwd == [f, group_gy(g4), s], (name, s, launches)
+
+
 def test_operand_prefetch():
     """A float32 batched backward with per-row weights loads each row's operands where they are
     used (``Config.batched_float32_backward_prefetch`` = 0); float64, shared weights and the
