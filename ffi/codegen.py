@@ -46,6 +46,12 @@ program per block, :mod:`.launch`) and in a batched kernel whose code does not
 fit otherwise (``Config.batched_group_major``); else node by node (``blockIdx.x = node * groups +
 group``). The groups' ``gy`` partials are summed by the caller.
 Batches from ``jax.vmap`` arrive as grid rows ``blockIdx.y``.
+
+Operands stored in bfloat16 or float16 (type ``S``) are widened to float32 (``T``) as they load,
+by vector loads of the same lanes and channels as float32's (:func:`.ctext.half_helpers`): the
+kernel is float32's, with half the bytes read. The results it completes are rounded to ``S`` as
+they are stored; the partial sums its caller adds stay in float32
+(:meth:`.launch.Plan._result_dtypes`).
 """
 
 from __future__ import annotations
