@@ -89,14 +89,16 @@ def conv_cells(problem: str, atoms_target: int, bandwidth: float) -> list[dict]:
     return rows
 
 
-def model_cells(model: str, atoms_target: int, policies, oracle_backend: str | None) -> list[dict]:
+def model_cells(model: str, atoms_target: int, policies, oracle_backend: str | None, rows: list, write) -> None:
     """The efs step per policy (float32 parameters, the default backends), then float64 (the
-    default backends, and `oracle_backend`'s: the oracle the errors are taken against, where given)."""
+    default backends, and `oracle_backend`'s: the oracle the errors are taken against, where given),
+    each cell appended to `rows` and `write()` called as it is measured (a run cut short keeps its
+    times); the errors are added once every cell has run."""
     atoms = alloy(atoms_target)
     cells = [*((p, "float32", None) for p in policies), ("float32", "float64", None)]
     if oracle_backend:
         cells += [("float32", "float32", oracle_backend), ("float32", "float64", oracle_backend)]
-    results, rows = {}, []
+    results, first = {}, len(rows)
     for name, dtype, backend in cells:
         if dtype == "float64":  # the oracle last: the float32 cells run as users run them, without x64
             jax.config.update("jax_enable_x64", True)
@@ -113,17 +115,17 @@ def model_cells(model: str, atoms_target: int, policies, oracle_backend: str | N
         cell = {"model": model, "atoms": n, "edges": len(edges[0]), "policy": name, "dtype": dtype, "backend": backend or "default",
                 "ms": median_ms(fn, args, repeat=5, calls=3)}  # fmt: skip
         rows.append(cell)
+        write()
         print(cell, flush=True)
     volume = float(abs(np.linalg.det(atoms.cell.array)))
     refs = {"float32": ("float32", "float32", None), "float64": ("float32", "float64", oracle_backend)}
-    for cell in rows:
+    for cell in rows[first:]:
         e, f, v = results[cell["policy"], cell["dtype"], None if cell["backend"] == "default" else cell["backend"]]
         for tag, ref in refs.items():
             e0, f0, v0 = results[ref]
             cell[f"energy_mev_per_atom_vs_{tag}"] = 1e3 * abs(e - e0) / len(atoms)
             cell[f"force_mae_mev_per_a_vs_{tag}"] = 1e3 * float(np.abs(f - f0).mean())
             cell[f"stress_max_mev_per_a3_vs_{tag}"] = 1e3 * float(np.abs(v - v0).max()) / volume
-    return rows
 
 
 def markdown(result) -> str:
@@ -150,8 +152,11 @@ def markdown(result) -> str:
         out += ["", "## Nequix MD step (energy, forces, stress) per policy", "",
                 "| atoms / edges | policy | dtype | backend | ms | vs float32 | |ΔE| meV/atom vs f32 / f64 | force MAE meV/Å vs f32 / f64 | "
                 "stress max meV/Å³ vs f32 / f64 |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
-        base = next(c["ms"] for c in result["model"] if c["policy"] == "float32" and c["dtype"] == "float32" and c["backend"] == "default")
+        base = next((c["ms"] for c in result["model"] if c["policy"] == "float32" and c["dtype"] == "float32" and c["backend"] == "default"), float("nan"))
         for c in result["model"]:
+            if "energy_mev_per_atom_vs_float32" not in c:  # a run cut short: its time, no errors yet
+                out.append(f"| {c['atoms']} / {c['edges']} | {c['policy']} | {c['dtype']} | {c['backend']} | {c['ms']:.2f} | {base / c['ms']:.2f}x | | | |")
+                continue
             out.append(f"| {c['atoms']} / {c['edges']} | {c['policy']} | {c['dtype']} | {c['backend']} | {c['ms']:.2f} | {base / c['ms']:.2f}x | "
                        f"{c['energy_mev_per_atom_vs_float32']:.3f} / {c['energy_mev_per_atom_vs_float64']:.3f} | "
                        f"{c['force_mae_mev_per_a_vs_float32']:.3f} / {c['force_mae_mev_per_a_vs_float64']:.3f} | "
@@ -184,7 +189,7 @@ def main():
             write()
     if "model" not in skip:
         for atoms in map(int, a.atoms.split(",")):
-            result["model"] += model_cells(a.model, atoms, a.policies.split(","), a.oracle_backend or None)
+            model_cells(a.model, atoms, a.policies.split(","), a.oracle_backend or None, result["model"], write)
             write()
             jax.config.update("jax_enable_x64", False)
     print(markdown(result))
