@@ -4,8 +4,9 @@ policy (jequi.models.precision), with its errors against float32 and float64.
 
 * ``conv``: the fused conv of each model product (``--problems``) on the graph of a rattled
   Cu-Au alloy (``--conv-atoms`` atoms, the product's model's cutoff), forward and forward +
-  backward (the gradients of x, y and w), per dtype and backend: float32 on the default
-  backend (cuda for the wide products) and on pallas, bfloat16 and float16 on pallas. The HBM
+  backward (the gradients of x, y and w), per dtype (``--dtypes``) and backend
+  (``--conv-backends``: the default backend, cuda for the wide products in every dtype, and
+  pallas). The HBM
   bound is the bytes each pass must move (inputs read once, outputs written once) at the copy
   bandwidth measured here.
 * ``model``: ``nequix-oam-1``'s efs step at ``--atoms`` under each policy: median ms, and the
@@ -47,7 +48,7 @@ def copy_bandwidth(mb: int = 2048) -> float:
     return 2 * a.nbytes / (median_ms(f, (a,)) * 1e-3) / 1e9
 
 
-def conv_cells(problem: str, atoms_target: int, bandwidth: float) -> list[dict]:
+def conv_cells(problem: str, atoms_target: int, bandwidth: float, dtypes=DTYPES, backends=("default", "pallas")) -> list[dict]:
     tp = jequi.problems.get(problem)
     atoms = alloy(atoms_target)
     s, r, _ = neighbour_edges(atoms, PROBLEMS[problem])
@@ -58,15 +59,15 @@ def conv_cells(problem: str, atoms_target: int, bandwidth: float) -> list[dict]:
     rng = np.random.default_rng(0)
     base = [rng.normal(size=shape) for shape in ((n, d1), (e, d2), (e, nw), (n, do))]
     rows = []
-    for dtype in DTYPES:
+    for dtype in dtypes:
         x, y, w, g = (jnp.asarray(a, dtype) for a in base)
         item = jnp.dtype(dtype).itemsize
         # bytes: fwd reads x (per node), y and w (per edge), writes out; fwd+bwd also reads g and
         # writes gx, gy, gw
         fwd_bytes = item * (n * d1 + e * (d2 + nw) + n * do)
         bwd_bytes = fwd_bytes + item * (n * do + n * d1 + e * (d2 + nw))
-        backends = [jequi.default_backend(tp.descriptor.trilinear, conv=True, dtype=dtype), "pallas"]
-        for backend in dict.fromkeys(backends):
+        default = jequi.default_backend(tp.descriptor.trilinear, conv=True, dtype=dtype)
+        for backend in dict.fromkeys(default if b == "default" else b for b in backends):
             fwd = jax.jit(lambda x, y, w, b=backend: tp.conv(x, y, w, graph, backend=b))
 
             def both(x, y, w, g, b=backend):
@@ -168,6 +169,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--problems", default=",".join(PROBLEMS))
     ap.add_argument("--conv-atoms", type=int, default=4000)
+    ap.add_argument("--dtypes", default=",".join(DTYPES), help="the convs' dtypes")
+    ap.add_argument("--conv-backends", default="default,pallas", help="the convs' backends ('default': jequi.default_backend's)")
     ap.add_argument("--model", default="nequix-oam-1")
     ap.add_argument("--atoms", default="4000", help="comma list of structure sizes for the model step")
     ap.add_argument("--policies", default="float32,tf32,bf16-mixed")
@@ -185,7 +188,7 @@ def main():
 
     if "conv" not in skip:
         for p in a.problems.split(","):
-            result["conv"] += conv_cells(p, a.conv_atoms, meta["bandwidth_GBps"])
+            result["conv"] += conv_cells(p, a.conv_atoms, meta["bandwidth_GBps"], a.dtypes.split(","), a.conv_backends.split(","))
             write()
     if "model" not in skip:
         for atoms in map(int, a.atoms.split(",")):
