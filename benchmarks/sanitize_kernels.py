@@ -110,10 +110,10 @@ def case(name: str, f, args, orders=ORDERS, tol: float = 1e-4, dtype=jnp.float32
                 continue
             oracle = run("xla", jnp.float64)
             err, xla_err = _error(run(backend, dtype), oracle), _error(run("xla", dtype), oracle)
-            name_ = jnp.dtype(dtype).name
+            dname = jnp.dtype(dtype).name
             if err > max(tol, 2 * xla_err):
-                raise AssertionError(f"relative error {err:.2e} (xla {name_}: {xla_err:.2e})")
-            RESULTS.append((label, f"ok ({err:.1e}; xla {name_} {xla_err:.1e})"))
+                raise AssertionError(f"relative error {err:.2e} (xla {dname}: {xla_err:.2e})")
+            RESULTS.append((label, f"ok ({err:.1e}; xla {dname} {xla_err:.1e})"))
         except Exception as exc:  # noqa: BLE001  (every case runs; the exit code says what failed)
             RESULTS.append((label, f"FAIL {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"))
             traceback.print_exc()

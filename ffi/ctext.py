@@ -81,10 +81,11 @@ def half_helpers(storage: str) -> list[str]:
     ``stcs<n>`` stores `n` floats, rounded to nearest even where the pointer is ``S*`` and as
     they are where it is ``float*`` (the partial sums the caller adds)."""
     header, s, s2, tof, tof2, tos, tos2 = _HALF_TYPES[storage]
-    lines = [f"#include <{header}>", f"typedef {s} S;", f"typedef {s2} S2;"]
+    lines = [f"#include <{header}>", f"typedef {s} S;", f"typedef {s2} S2;",
+             f"__device__ __forceinline__ float tof(S v) {{ return {tof}(v); }}"]  # fmt: skip
     for name, ld in (("ldcs", "__ldcs"), ("ldg", "__ldg")):
         lines += [
-            f"__device__ __forceinline__ float {name}1(const S* p) {{ return {tof}({ld}(p)); }}",
+            f"__device__ __forceinline__ float {name}1(const S* p) {{ return tof({ld}(p)); }}",
             f"__device__ __forceinline__ float2 {name}2(const S* p) {{ return {tof2}({ld}(reinterpret_cast<const S2*>(p))); }}",
             f"__device__ __forceinline__ float4 {name}4(const S* p) {{",
             f"  const uint2 v = {ld}(reinterpret_cast<const uint2*>(p));",
@@ -104,7 +105,6 @@ def half_helpers(storage: str) -> list[str]:
         f"  const S2 lo = {tos2}(a, b), hi = {tos2}(c, d);",
         "  __stcs(reinterpret_cast<uint2*>(p), make_uint2(*reinterpret_cast<const unsigned*>(&lo), *reinterpret_cast<const unsigned*>(&hi)));",
         "}",
-        f"__device__ __forceinline__ float tof(S v) {{ return {tof}(v); }}",
     ]  # fmt: skip
     return lines
 

@@ -55,8 +55,9 @@ def csr_offsets(keys, num_rows: int):
     return jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(counts, dtype=jnp.int32)])
 
 
-def _csr(keys, num_rows: int):
-    """Stable order of `keys` (values in ``[0, num_rows]``) and offsets of rows ``0..num_rows``."""
+def csr(keys, num_rows: int):
+    """Stable order of `keys` (values in ``[0, num_rows]``) and offsets of rows ``0..num_rows``
+    (:func:`csr_offsets`): a CSR list, as ``Graph`` and attention's transposed neighbours keep."""
     return jnp.argsort(keys, stable=True).astype(jnp.int32), csr_offsets(keys, num_rows)
 
 
@@ -137,8 +138,8 @@ class Graph:
             receiver_order = jnp.arange(receivers.shape[0], dtype=jnp.int32)
             receiver_offsets = csr_offsets(receivers, num_nodes)
         else:
-            receiver_order, receiver_offsets = _csr(receivers, num_nodes)
-        sender_order, sender_offsets = _csr(jnp.where(valid, senders, num_senders), num_senders)
+            receiver_order, receiver_offsets = csr(receivers, num_nodes)
+        sender_order, sender_offsets = csr(jnp.where(valid, senders, num_senders), num_senders)
         if shifts is not None:
             shifts = jnp.asarray(shifts)
             if shifts.shape != (senders.shape[0], 3):

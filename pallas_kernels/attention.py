@@ -41,7 +41,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
-from jequi.graph import csr_offsets
+from jequi.graph import csr
 
 from .lowering import masked_load, masked_store, pallas_call
 
@@ -467,7 +467,7 @@ def transposed_neighbors(nbr, n_src: int):
     flat = nbr.reshape(-1)
     valid = (flat >= 0) & (flat < n_src)
     keys = jnp.where(valid, flat, n_src)
-    return jnp.argsort(keys, stable=True).astype(jnp.int32), csr_offsets(keys, n_src)
+    return csr(keys, n_src)
 
 
 @functools.partial(jax.jit, static_argnames=("p", "needs", "config"))

@@ -62,7 +62,7 @@ class Backend:
         """Raises ValueError, before any kernel runs, for operands stored in a dtype it does not take."""
         if np.dtype(dtype) not in self.dtypes:
             takes = " and ".join(str(d) for d in self.dtypes)
-            raise ValueError(f"backend {self.name!r} takes {takes} operands, not {np.dtype(dtype)} (backend='pallas' and 'xla' take every float dtype)")
+            raise ValueError(f"backend {self.name!r} takes {takes} operands, not {np.dtype(dtype)}")
 
 
 def _kernel_backend(name: str, package, config, supports_kahan: bool = False) -> Backend:
