@@ -20,6 +20,9 @@ export JAX_COMPILATION_CACHE_DIR=/tmp/jax-sanitize-cache JAX_PERSISTENT_CACHE_MI
 # preallocation each buffer is its own allocation, so memcheck sees accesses past its end.
 export XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_autotune_level=0 --xla_gpu_enable_command_buffer=" \
   XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_PYTHON_CLIENT_ALLOCATOR=platform
+# PRINT_LIMIT=0 prints every report (counted in summary.txt); BACKTRACE=yes keeps host backtraces
+PRINT_LIMIT=${PRINT_LIMIT:-20}
+BACKTRACE="--show-backtrace ${BACKTRACE:-no}"
 ARGS="--families ${SANITIZE_FAMILIES:-tp,conv,eaas,attention,symmetric} --only=${SANITIZE_ONLY:-}"
 if [ "${RUN_NATIVE:-1}" = 1 ]; then  # RUN_NATIVE=0: a later call on the same machine, the cache filled
   { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; compute-sanitizer --version | tail -1
@@ -32,11 +35,20 @@ for tool in ${SANITIZE_TOOLS-memcheck racecheck initcheck}; do
   extra=""
   [ "$tool" = memcheck ] && extra="--leak-check no"
   t0=$(date +%s)
-  timeout "${SANITIZE_TIMEOUT:-150}" compute-sanitizer --tool "$tool" $extra --target-processes all --print-limit 20 \
-    python3 benchmarks/sanitize_kernels.py $ARGS --kernels-only > "$OUT/$tool.log" 2>&1
+  timeout "${SANITIZE_TIMEOUT:-150}" compute-sanitizer --tool "$tool" $extra --target-processes all --print-limit "$PRINT_LIMIT" \
+    $BACKTRACE python3 benchmarks/sanitize_kernels.py $ARGS --kernels-only > "$OUT/$tool.log" 2>&1
   echo "$tool: exit $?; $(grep -m1 'ERROR SUMMARY' "$OUT/$tool.log" || echo 'no ERROR SUMMARY line'); $(grep -E '^[0-9]+ cases' "$OUT/$tool.log" || tail -1 "$OUT/$tool.log"); $(( $(date +%s) - t0 )) s" | tee -a "$OUT/summary.txt"
-  # where the reports are: the device function of each (a jequi kernel, or an XLA fusion)
+  # where the reports are: the device function of each (a jequi kernel, or an XLA fusion), the
+  # kind and size of each access, the addresses, and the case each was printed in (reports come
+  # before their case's "ran" line)
   grep -oE '^=========     at [A-Za-z0-9_.$]+' "$OUT/$tool.log" | sed 's/^=========     at /  reported in /' | sort | uniq -c | tee -a "$OUT/summary.txt"
+  grep -oE '^========= [A-Z][A-Za-z_ ]+(of size [0-9]+ bytes)?' "$OUT/$tool.log" | grep -v 'ERROR SUMMARY\|COMPUTE' | sort | uniq -c | sed 's/^/  kind /' | tee -a "$OUT/summary.txt"
+  grep -oE 'Address 0x[0-9a-f]+|address 0x[0-9a-f]+' "$OUT/$tool.log" | sort | uniq -c | sort -rn | head -20 | sed 's/^/  at /' | tee -a "$OUT/summary.txt"
+  awk '/^=========     at /{n++} /: ran$/{print "  case " $1 " " n+0; n=0}' "$OUT/$tool.log" | tee -a "$OUT/summary.txt"
+  # a full print (PRINT_LIMIT=0) can run to gigabytes: keep its head and tail, the summary has the counts
+  if [ "$(stat -c %s "$OUT/$tool.log")" -gt 8000000 ]; then
+    { head -c 4000000 "$OUT/$tool.log"; echo "... cut ..."; tail -c 2000000 "$OUT/$tool.log"; } > "$OUT/$tool.cut.log" && mv "$OUT/$tool.cut.log" "$OUT/$tool.log"
+  fi
 done
 if [ "${RUN_CONTROL:-1}" = 1 ] && [[ " ${SANITIZE_TOOLS-memcheck racecheck initcheck} " == *" initcheck "* ]]; then
   # the control: JAX's own index ops without jequi (benchmarks/initcheck_xla_probe.py), x64 off and on
