@@ -10,11 +10,19 @@ counts and sums stay int32 (as jequi's), the search's loop counter becomes int64
 the same ops in the structure of ``radial_conv``'s chunks instead, where initcheck reported
 ``loop_maximum_fusion`` (the parts' ``maximum`` read offsets that came through the loop's
 state): offsets built per chunk under ``vmap``, a ``scan`` over the chunks whose ``checkpoint``ed
-body uses them, differentiated, so the backward's transposed loop recomputes them. Results:
+body uses them, differentiated, so the backward's transposed loop recomputes them.
+``chunks=N`` (default 3) sets the number of chunks; ``keep`` turns XLA's while-loop unrolling
+off. XLA may unroll a loop of two trips, and then no kernel reads its counter; jequi's program
+keeps its loop (its body holds the kernels' custom calls), whose s64 counter the body's fusions
+read. Results:
 benchmarks/results/2026-12-02-nvidia-h200-sanitizer.md.
 """
 
+import os
 import sys
+
+if "keep" in sys.argv[1:]:  # before jax reads XLA_FLAGS
+    os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_gpu_enable_while_loop_unrolling=WHILE_LOOP_UNROLLING_NO_UNROLL"
 
 import jax
 import jax.numpy as jnp
@@ -38,10 +46,13 @@ def offsets_of(keys):
     return jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(counts, dtype=jnp.int32)])
 
 
+CHUNKS = next((int(a.split("=")[1]) for a in sys.argv[1:] if a.startswith("chunks=")), 3)
+
+
 @jax.jit
 def chunked(keys, x):
-    """The gradient of a sum over 3 chunks of 20,000 edges, each chunk's parts from its offsets."""
-    offsets = jax.vmap(offsets_of)(keys.reshape(3, 20_000))
+    """The gradient of a sum over CHUNKS chunks of the edges, each chunk's parts from its offsets."""
+    offsets = jax.vmap(offsets_of)(keys.reshape(CHUNKS, -1))
 
     @jax.checkpoint
     def part(x, o):
@@ -57,7 +68,7 @@ def chunked(keys, x):
 
 
 keys = jnp.arange(60_000, dtype=jnp.int32) % 500
-mode = ("x64" if jax.config.jax_enable_x64 else "x32") + (" scan" if "scan" in sys.argv[1:] else "")
+mode = ("x64" if jax.config.jax_enable_x64 else "x32") + (f" scan of {CHUNKS} chunks" if "scan" in sys.argv[1:] else "") + (" (loop kept)" if "keep" in sys.argv[1:] else "")
 if "scan" in sys.argv[1:]:
     print(mode, float(chunked(keys, jnp.ones(600, jnp.float32)).sum()), flush=True)
 else:

@@ -53,9 +53,12 @@ done
 if [ "${RUN_CONTROL:-1}" = 1 ] && [[ " ${SANITIZE_TOOLS-memcheck racecheck initcheck} " == *" initcheck "* ]]; then
   # the control: JAX's own index ops without jequi (benchmarks/initcheck_xla_probe.py), x64 off and on
   # (x64-scan: the same ops in radial_conv's chunk loop, transposed, where loop_maximum_fusion was reported)
-  for mode in x32 x64 x64-scan; do
-    compute-sanitizer --tool initcheck --print-limit 20 python3 benchmarks/initcheck_xla_probe.py ${mode//-/ } > "$OUT/initcheck-control-$mode.log" 2>&1
-    echo "initcheck control ($mode, no jequi): $(grep -m1 'ERROR SUMMARY' "$OUT/initcheck-control-$mode.log")" | tee -a "$OUT/summary.txt"
-    grep -oE '^=========     at [A-Za-z0-9_.$]+' "$OUT/initcheck-control-$mode.log" | sed 's/^=========     at /  reported in /' | sort | uniq -c | tee -a "$OUT/summary.txt"
+  # CONTROL_MODES: the probe's arguments joined by "-" (x64-scan-chunks=12-keep: 12 chunks, XLA's loop unrolling off)
+  for mode in ${CONTROL_MODES:-x32 x64 x64-scan}; do
+    log="$OUT/initcheck-control-${mode//=/}.log"  # the device tool returns plain names only
+    compute-sanitizer --tool initcheck --print-limit "$PRINT_LIMIT" $BACKTRACE python3 benchmarks/initcheck_xla_probe.py ${mode//-/ } > "$log" 2>&1
+    echo "initcheck control ($mode, no jequi): $(grep -m1 'ERROR SUMMARY' "$log"); $(grep -m1 '^x' "$log")" | tee -a "$OUT/summary.txt"
+    grep -oE 'of size [0-9]+ bytes' "$log" | sort | uniq -c | sed 's/^/  size /' | tee -a "$OUT/summary.txt"
+    grep -oE '^=========     at [A-Za-z0-9_.$]+' "$log" | sed 's/^=========     at /  reported in /' | sort | uniq -c | tee -a "$OUT/summary.txt"
   done
 fi
