@@ -43,6 +43,7 @@ BAD = (-1, -(2**31), None, 2**31 - 1)  # None: N, one past the end
 RESULTS: list[tuple[str, str]] = []
 ORDERS = ("forward", "backward", "second", "tangent")
 KERNELS_ONLY = False  # --kernels-only (the sanitized runs): the kernel backend's call alone, no oracle
+RUNS = 1  # --runs: executions of each case under --kernels-only (reports of a first run alone point at loading)
 ONLY: tuple[str, ...] = ()  # --only: run the cases whose label starts with one of these
 
 
@@ -104,9 +105,11 @@ def case(name: str, f, args, orders=ORDERS, tol: float = 1e-4, dtype=jnp.float32
         try:
             run = lambda be, dtype: jax.jit(_order(lambda *a: f(be, *a), order, args))(*_cast(args, dtype))  # noqa: E731
             if KERNELS_ONLY:  # copied to the host: initcheck checks every byte of the results as a memcpy source
-                jax.device_get(run(backend, dtype))
+                fn = jax.jit(_order(lambda *a: f(backend, *a), order, args))
+                for i in range(RUNS):
+                    jax.device_get(fn(*_cast(args, dtype)))
+                    print(f"{label}{f' (run {i + 1})' if RUNS > 1 else ''}: ran", flush=True)
                 RESULTS.append((label, "ran"))
-                print(f"{label}: ran", flush=True)
                 continue
             oracle = run("xla", jnp.float64)
             err, xla_err = _error(run(backend, dtype), oracle), _error(run("xla", dtype), oracle)
@@ -226,9 +229,10 @@ def main():
     ap.add_argument("--families", default="tp,conv,eaas,attention,symmetric", help="also: graph (the conv's index bookkeeping, no kernel)")
     ap.add_argument("--only", default="", help="comma-separated label prefixes: run only those cases (e.g. conv/pallas/forward)")
     ap.add_argument("--kernels-only", action="store_true", help="run the kernel backends alone (values unchecked): the sanitized runs")
+    ap.add_argument("--runs", type=int, default=1, help="with --kernels-only: executions of each case (one compile)")
     a = ap.parse_args()
-    global KERNELS_ONLY, ONLY
-    KERNELS_ONLY, ONLY = a.kernels_only, tuple(p for p in a.only.split(",") if p)
+    global KERNELS_ONLY, ONLY, RUNS
+    KERNELS_ONLY, ONLY, RUNS = a.kernels_only, tuple(p for p in a.only.split(",") if p), a.runs
     jax.config.update("jax_enable_x64", True)  # the float64 oracle
     rows, n, e, hub, k = (24, 9, 40, 20, 6) if a.small else (2000, 500, 60_000, 50_000, 40)
     kernel_backends = ["pallas"] + [b for b in ("cuda", "cuda-atomic") if b in jequi.available_backends()]

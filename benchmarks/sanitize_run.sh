@@ -11,6 +11,7 @@
 # (benchmarks/initcheck_xla_probe.py: JAX's index ops without jequi, x64 off and on, and in radial_conv's loop).
 # Writes native.log, <tool>.log and summary.txt (each run's case count and each tool's ERROR
 # SUMMARY, appended) into $OUT; the results file is benchmarks/results/<date>-<device>-sanitizer.md.
+# SANITIZE_RUNS=2: each case executed twice under the tool (summary.txt counts the reports per run).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 source benchmarks/model_env.sh
@@ -35,8 +36,12 @@ for tool in ${SANITIZE_TOOLS-memcheck racecheck initcheck}; do
   extra=""
   [ "$tool" = memcheck ] && extra="--leak-check no"
   t0=$(date +%s)
-  timeout "${SANITIZE_TIMEOUT:-150}" compute-sanitizer --tool "$tool" $extra --target-processes all --print-limit "$PRINT_LIMIT" \
-    $BACKTRACE python3 benchmarks/sanitize_kernels.py $ARGS --kernels-only > "$OUT/$tool.log" 2>&1
+  # FRESH_TOOL_CACHE=1: the programs compile under the tool (an empty cache) instead of loading
+  # the native run's executables: tells reports that come with a cached executable from the others
+  cache=$JAX_COMPILATION_CACHE_DIR
+  [ "${FRESH_TOOL_CACHE:-0}" = 1 ] && cache=$(mktemp -d)
+  JAX_COMPILATION_CACHE_DIR=$cache timeout "${SANITIZE_TIMEOUT:-150}" compute-sanitizer --tool "$tool" $extra --target-processes all \
+    --print-limit "$PRINT_LIMIT" $BACKTRACE python3 benchmarks/sanitize_kernels.py $ARGS --kernels-only --runs "${SANITIZE_RUNS:-1}" > "$OUT/$tool.log" 2>&1
   echo "$tool: exit $?; $(grep -m1 'ERROR SUMMARY' "$OUT/$tool.log" || echo 'no ERROR SUMMARY line'); $(grep -E '^[0-9]+ cases' "$OUT/$tool.log" || tail -1 "$OUT/$tool.log"); $(( $(date +%s) - t0 )) s" | tee -a "$OUT/summary.txt"
   # where the reports are: the device function of each (a jequi kernel, or an XLA fusion), the
   # kind and size of each access, the addresses, and the case each was printed in (reports come
@@ -44,7 +49,7 @@ for tool in ${SANITIZE_TOOLS-memcheck racecheck initcheck}; do
   grep -oE '^=========     at [A-Za-z0-9_.$]+' "$OUT/$tool.log" | sed 's/^=========     at /  reported in /' | sort | uniq -c | tee -a "$OUT/summary.txt"
   grep -oE '^========= [A-Z][A-Za-z_ ]+(of size [0-9]+ bytes)?' "$OUT/$tool.log" | grep -v 'ERROR SUMMARY\|COMPUTE' | sort | uniq -c | sed 's/^/  kind /' | tee -a "$OUT/summary.txt"
   grep -oE 'Address 0x[0-9a-f]+|address 0x[0-9a-f]+' "$OUT/$tool.log" | sort | uniq -c | sort -rn | head -20 | sed 's/^/  at /' | tee -a "$OUT/summary.txt"
-  awk '/^=========     at /{n++} /: ran$/{print "  case " $1 " " n+0; n=0}' "$OUT/$tool.log" | tee -a "$OUT/summary.txt"
+  awk '/^=========     at /{n++} /: ran$/{sub(/: ran$/, ""); print "  case " $0 ": " n+0; n=0}' "$OUT/$tool.log" | tee -a "$OUT/summary.txt"
   # a full print (PRINT_LIMIT=0) can run to gigabytes: keep its head and tail, the summary has the counts
   if [ "$(stat -c %s "$OUT/$tool.log")" -gt 8000000 ]; then
     { head -c 4000000 "$OUT/$tool.log"; echo "... cut ..."; tail -c 2000000 "$OUT/$tool.log"; } > "$OUT/$tool.cut.log" && mv "$OUT/$tool.cut.log" "$OUT/$tool.log"
@@ -56,6 +61,10 @@ if [ "${RUN_CONTROL:-1}" = 1 ] && [[ " ${SANITIZE_TOOLS-memcheck racecheck initc
   # CONTROL_MODES: the probe's arguments joined by "-" (x64-scan-chunks=12-keep: 12 chunks, XLA's loop unrolling off)
   for mode in ${CONTROL_MODES:-x32 x64 x64-scan}; do
     log="$OUT/initcheck-control-${mode//=/}.log"  # the device tool returns plain names only
+    # CONTROL_CACHED=1: the probe runs natively first and the sanitized run loads its executables
+    # from that cache, as the harness's sanitized runs load the native run's; else it compiles under the tool
+    export JAX_COMPILATION_CACHE_DIR=$(mktemp -d)
+    [ "${CONTROL_CACHED:-0}" = 1 ] && python3 benchmarks/initcheck_xla_probe.py ${mode//-/ } > /dev/null 2>&1
     compute-sanitizer --tool initcheck --print-limit "$PRINT_LIMIT" $BACKTRACE python3 benchmarks/initcheck_xla_probe.py ${mode//-/ } > "$log" 2>&1
     echo "initcheck control ($mode, no jequi): $(grep -m1 'ERROR SUMMARY' "$log"); $(grep -m1 '^x' "$log")" | tee -a "$OUT/summary.txt"
     grep -oE 'of size [0-9]+ bytes' "$log" | sort | uniq -c | sed 's/^/  size /' | tee -a "$OUT/summary.txt"
