@@ -4,6 +4,7 @@ and stores, and the C names of a program's per-lane values (:class:`Names`)."""
 from __future__ import annotations
 
 import contextlib
+import re
 
 from jequi.sums import GGW, GGX, GGY, GZ, W, X, Y
 from jequi.descriptor import Segment
@@ -55,6 +56,13 @@ def load_expr(row: str, index: str, stream: bool, width: int = 1, half: bool = F
     return f"__ldcs({address})" if stream else f"__ldg({address})"
 
 
+def raw_holder(expr: str, width: int) -> str | None:
+    """The ``H<width>`` type that holds `expr`'s raw half-precision values where `expr` is one
+    of :func:`half_helpers`' loads (None otherwise, e.g. a load under a condition, which is a
+    float): the type of a half-precision kernel's prefetch register."""
+    return f"H{width}" if re.fullmatch(rf"(ldcs|ldg){width}\(.*\)", expr) else None
+
+
 def store_stmt(row: str, index: str, values: list[str], fn: str = "__stcs", half: bool = False) -> str:
     """A streaming store of adjacent `values` (one vector store), or with `fn` ``"red_add"``
     an atomic add of them (:data:`RED_ADD`). `half`: a half-precision kernel's store, whose
@@ -77,21 +85,30 @@ _HALF_TYPES = {
 def half_helpers(storage: str) -> list[str]:
     """C lines of a half-precision kernel (`storage`: ``"bfloat16"`` or ``"float16"``): its types
     and the loads and stores :func:`load_expr` and :func:`store_stmt` name. ``ldcs<n>`` /
-    ``ldg<n>`` load `n` adjacent values (``n * 2`` bytes, one load) and widen them to float;
+    ``ldg<n>`` load `n` adjacent values (``n * 2`` bytes, one load) into a holder ``H<n>`` of
+    the raw values, which widens them to float where it is converted (to ``T`` / ``T<n>``):
+    a prefetch register (:func:`raw_holder`) keeps the raw values, so a load issued one edge
+    ahead is waited for where it is used, not where it is issued (the widening right after the
+    load stalled the bfloat16 conv forward on it: docs/precision.md#the-bfloat16-forward).
     ``stcs<n>`` stores `n` floats, rounded to nearest even where the pointer is ``S*`` and as
     they are where it is ``float*`` (the partial sums the caller adds)."""
     header, s, s2, tof, tof2, tos, tos2 = _HALF_TYPES[storage]
     lines = [f"#include <{header}>", f"typedef {s} S;", f"typedef {s2} S2;",
-             f"__device__ __forceinline__ float tof(S v) {{ return {tof}(v); }}"]  # fmt: skip
+             f"__device__ __forceinline__ float tof(S v) {{ return {tof}(v); }}",
+             "struct H1 { S v; __device__ __forceinline__ operator float() const { return tof(v); } };",
+             f"struct H2 {{ S2 v; __device__ __forceinline__ operator float2() const {{ return {tof2}(v); }} }};",
+             "struct H4 {",
+             "  uint2 v;",
+             "  __device__ __forceinline__ operator float4() const {",
+             f"    const float2 a = {tof2}(*reinterpret_cast<const S2*>(&v.x)), b = {tof2}(*reinterpret_cast<const S2*>(&v.y));",
+             "    return make_float4(a.x, a.y, b.x, b.y);",
+             "  }",
+             "};"]  # fmt: skip
     for name, ld in (("ldcs", "__ldcs"), ("ldg", "__ldg")):
         lines += [
-            f"__device__ __forceinline__ float {name}1(const S* p) {{ return tof({ld}(p)); }}",
-            f"__device__ __forceinline__ float2 {name}2(const S* p) {{ return {tof2}({ld}(reinterpret_cast<const S2*>(p))); }}",
-            f"__device__ __forceinline__ float4 {name}4(const S* p) {{",
-            f"  const uint2 v = {ld}(reinterpret_cast<const uint2*>(p));",
-            f"  const float2 a = {tof2}(*reinterpret_cast<const S2*>(&v.x)), b = {tof2}(*reinterpret_cast<const S2*>(&v.y));",
-            "  return make_float4(a.x, a.y, b.x, b.y);",
-            "}",
+            f"__device__ __forceinline__ H1 {name}1(const S* p) {{ return H1{{{ld}(p)}}; }}",
+            f"__device__ __forceinline__ H2 {name}2(const S* p) {{ return H2{{{ld}(reinterpret_cast<const S2*>(p))}}; }}",
+            f"__device__ __forceinline__ H4 {name}4(const S* p) {{ return H4{{{ld}(reinterpret_cast<const uint2*>(p))}}; }}",
         ]  # fmt: skip
     lines += [
         "__device__ __forceinline__ void stcs1(float* p, float a) { __stcs(p, a); }",

@@ -9,7 +9,7 @@ import numpy as np
 from jequi.descriptor import Segment
 
 from .ctext import (
-    PARAM, RED_ADD, TABLE, VALUE, Names, Writer, fma_sum, half_helpers, lane_vectors, lit, load_expr, segment_base,
+    PARAM, RED_ADD, TABLE, VALUE, Names, Writer, fma_sum, half_helpers, lane_vectors, lit, load_expr, raw_holder, segment_base,
     store_stmt, suffix, table_name, vtype,
 )  # fmt: skip
 from .launch import Plan
@@ -182,8 +182,8 @@ class Emitter(Plan):
                     w(f"const {vtype(width)} {name} = {expr};")
                 body()
             return
-        for name, width, _ in values:
-            w(f"{vtype(width)} p{name};")
+        for name, width, expr in values:  # half precision: the raw values (ctext.half_helpers)
+            w(f"{(self.half and raw_holder(expr, width)) or vtype(width)} p{name};")
         with w.block(f"if ({n} > 0)"):
             w(*pointers("0", "_n"))
             for name, _, expr in values:
