@@ -788,6 +788,24 @@ def test_operand_prefetch():
     assert early(np.float32, "conv_backward") and early(np.float64, "conv_backward")
 
 
+def test_half_precision_prefetch_keeps_the_raw_values():
+    """A half-precision conv's prefetch registers hold the loaded bfloat16 values raw (``H<n>``,
+    widened where they are used, an edge later), not widened floats: the widening right after
+    the load stalled the bfloat16 forward on it
+    (benchmarks/results/2026-12-03-nvidia-h200-profile-conv-forward-bf16.md). float32's hold
+    its own values."""
+    desc = PROBLEMS["vec-ir_mul"]().descriptor.trilinear
+    for kind in ("conv_forward", "conv_backward"):
+        half, single = (codegen.generate(desc, np.dtype(dt), kind).source for dt in (jnp.bfloat16, np.float32))
+        registers = lambda source: re.findall(r"^\s*(\w+) p(\w+);$", source, re.M)  # noqa: E731
+        assert registers(half) and {t for t, _ in registers(half)} <= {"H1", "H2", "H4"}, (kind, registers(half))
+        assert {t for t, _ in registers(single)} <= {"T", "T2", "T4"} and "H2" not in single, kind
+        # each is taken as the math type where the edge's arithmetic starts
+        assert all(re.search(rf"const T\d? {name} = p{name};", half) for _, name in registers(half)), kind
+    assert ctext.raw_holder("ldcs4(wr_n + 0 + u)", 4) == "H4"
+    assert ctext.raw_holder("(lane + 32 < staged * 3 ? ldcs1(xr_n + bx0 + lane + 32) : T(0))", 1) is None
+
+
 def test_batched_float32_backward_values():
     """``Config.batched_float32_backward_values`` sizes the programs of a float32 batched
     backward with per-row weights, and of no other kernel (``backward_values`` sizes those)."""
