@@ -11,7 +11,8 @@ the same ops in the structure of ``radial_conv``'s chunks instead, where initche
 ``loop_maximum_fusion`` (the parts' ``maximum`` read offsets that came through the loop's
 state): offsets built per chunk under ``vmap``, a ``scan`` over the chunks whose ``checkpoint``ed
 body uses them, differentiated, so the backward's transposed loop recomputes them.
-``chunks=N`` (default 3) sets the number of chunks; ``keep`` turns XLA's while-loop unrolling
+``chunks=N`` (default 3) sets the number of chunks, ``order=forward|backward|tangent`` what is
+computed (default the gradient); ``keep`` turns XLA's while-loop unrolling
 off. XLA may unroll a loop of two trips, and then no kernel reads its counter; jequi's program
 keeps its loop (its body holds the kernels' custom calls), whose s64 counter the body's fusions
 read. Results:
@@ -47,11 +48,14 @@ def offsets_of(keys):
 
 
 CHUNKS = next((int(a.split("=")[1]) for a in sys.argv[1:] if a.startswith("chunks=")), 3)
+# order=forward | backward (default) | tangent: the sum itself, its gradient (the transposed loop)
+# or its jvp; radial_conv's initcheck reports came in its forward and tangent, not its backward
+ORDER = next((a.split("=")[1] for a in sys.argv[1:] if a.startswith("order=")), "backward")
 
 
 @jax.jit
 def chunked(keys, x):
-    """The gradient of a sum over CHUNKS chunks of the edges, each chunk's parts from its offsets."""
+    """A sum over CHUNKS chunks of the edges, each chunk's parts from its offsets, in ORDER."""
     offsets = jax.vmap(offsets_of)(keys.reshape(CHUNKS, -1))
 
     @jax.checkpoint
@@ -64,11 +68,15 @@ def chunked(keys, x):
         total, _ = jax.lax.scan(lambda c, o: (c + part(x, o), None), first, offsets[1:])
         return total
 
+    if ORDER == "forward":
+        return loss(x)
+    if ORDER == "tangent":
+        return jax.jvp(loss, (x,), (jnp.ones_like(x),))[1]
     return jax.grad(loss)(x)
 
 
 keys = jnp.arange(60_000, dtype=jnp.int32) % 500
-mode = ("x64" if jax.config.jax_enable_x64 else "x32") + (f" scan of {CHUNKS} chunks" if "scan" in sys.argv[1:] else "") + (" (loop kept)" if "keep" in sys.argv[1:] else "")
+mode = ("x64" if jax.config.jax_enable_x64 else "x32") + (f" scan of {CHUNKS} chunks, {ORDER}" if "scan" in sys.argv[1:] else "") + (" (loop kept)" if "keep" in sys.argv[1:] else "")
 if "scan" in sys.argv[1:]:
     print(mode, float(chunked(keys, jnp.ones(600, jnp.float32)).sum()), flush=True)
 else:

@@ -229,7 +229,7 @@ def main():
     ap.add_argument("--families", default="tp,conv,eaas,attention,symmetric", help="also: graph (the conv's index bookkeeping, no kernel)")
     ap.add_argument("--only", default="", help="comma-separated label prefixes: run only those cases (e.g. conv/pallas/forward)")
     ap.add_argument("--kernels-only", action="store_true", help="run the kernel backends alone (values unchecked): the sanitized runs")
-    ap.add_argument("--runs", type=int, default=1, help="with --kernels-only: executions of each case (one compile)")
+    ap.add_argument("--runs", type=int, default=1, help="with --kernels-only (ignored without it): executions of each case (one compile)")
     a = ap.parse_args()
     global KERNELS_ONLY, ONLY, RUNS
     KERNELS_ONLY, ONLY, RUNS = a.kernels_only, tuple(p for p in a.only.split(",") if p), a.runs

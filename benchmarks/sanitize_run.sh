@@ -21,7 +21,8 @@ export JAX_COMPILATION_CACHE_DIR=/tmp/jax-sanitize-cache JAX_PERSISTENT_CACHE_MI
 # preallocation each buffer is its own allocation, so memcheck sees accesses past its end.
 export XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_autotune_level=0 --xla_gpu_enable_command_buffer=" \
   XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_PYTHON_CLIENT_ALLOCATOR=platform
-# PRINT_LIMIT=0 prints every report (counted in summary.txt); BACKTRACE=yes keeps host backtraces
+# PRINT_LIMIT=0 prints every report the tool keeps (counted in summary.txt); BACKTRACE=host keeps
+# host backtraces, yes host and device ones
 PRINT_LIMIT=${PRINT_LIMIT:-20}
 BACKTRACE="--show-backtrace ${BACKTRACE:-no}"
 ARGS="--families ${SANITIZE_FAMILIES:-tp,conv,eaas,attention,symmetric} --only=${SANITIZE_ONLY:-}"
@@ -36,10 +37,11 @@ for tool in ${SANITIZE_TOOLS-memcheck racecheck initcheck}; do
   extra=""
   [ "$tool" = memcheck ] && extra="--leak-check no"
   t0=$(date +%s)
-  # FRESH_TOOL_CACHE=1: the programs compile under the tool (an empty cache) instead of loading
-  # the native run's executables: tells reports that come with a cached executable from the others
+  # FRESH_TOOL_CACHE=1: the programs compile under the tool (an empty JAX cache) instead of
+  # loading the native run's executables: tells reports that come with a cached executable from
+  # the others (jequi's own cubin cache, JEQUI_CACHE_DIR, stays shared: its kernels load the same way)
   cache=$JAX_COMPILATION_CACHE_DIR
-  [ "${FRESH_TOOL_CACHE:-0}" = 1 ] && cache=$(mktemp -d)
+  if [ "${FRESH_TOOL_CACHE:-0}" = 1 ]; then cache=$(mktemp -d) || exit 1; fi
   JAX_COMPILATION_CACHE_DIR=$cache timeout "${SANITIZE_TIMEOUT:-150}" compute-sanitizer --tool "$tool" $extra --target-processes all \
     --print-limit "$PRINT_LIMIT" $BACKTRACE python3 benchmarks/sanitize_kernels.py $ARGS --kernels-only --runs "${SANITIZE_RUNS:-1}" > "$OUT/$tool.log" 2>&1
   echo "$tool: exit $?; $(grep -m1 'ERROR SUMMARY' "$OUT/$tool.log" || echo 'no ERROR SUMMARY line'); $(grep -E '^[0-9]+ cases' "$OUT/$tool.log" || tail -1 "$OUT/$tool.log"); $(( $(date +%s) - t0 )) s" | tee -a "$OUT/summary.txt"
@@ -49,7 +51,8 @@ for tool in ${SANITIZE_TOOLS-memcheck racecheck initcheck}; do
   grep -oE '^=========     at [A-Za-z0-9_.$]+' "$OUT/$tool.log" | sed 's/^=========     at /  reported in /' | sort | uniq -c | tee -a "$OUT/summary.txt"
   grep -oE '^========= [A-Z][A-Za-z_ ]+(of size [0-9]+ bytes)?' "$OUT/$tool.log" | grep -v 'ERROR SUMMARY\|COMPUTE' | sort | uniq -c | sed 's/^/  kind /' | tee -a "$OUT/summary.txt"
   grep -oE 'Address 0x[0-9a-f]+|address 0x[0-9a-f]+' "$OUT/$tool.log" | sort | uniq -c | sort -rn | head -20 | sed 's/^/  at /' | tee -a "$OUT/summary.txt"
-  awk '/^=========     at /{n++} /: ran$/{sub(/: ran$/, ""); print "  case " $0 ": " n+0; n=0}' "$OUT/$tool.log" | tee -a "$OUT/summary.txt"
+  # (device reports only: a host API report has no "at" line, and may print after its case's line)
+  awk '/^=========     at /{n++} /^[a-z_]+\/[^ ]*( \(run [0-9]+\))?: (ran|FAIL)/{sub(/: (ran|FAIL).*$/, ""); print "  case " $0 ": " n+0; n=0}' "$OUT/$tool.log" | tee -a "$OUT/summary.txt"
   # a full print (PRINT_LIMIT=0) can run to gigabytes: keep its head and tail, the summary has the counts
   if [ "$(stat -c %s "$OUT/$tool.log")" -gt 8000000 ]; then
     { head -c 4000000 "$OUT/$tool.log"; echo "... cut ..."; tail -c 2000000 "$OUT/$tool.log"; } > "$OUT/$tool.cut.log" && mv "$OUT/$tool.cut.log" "$OUT/$tool.log"
@@ -63,7 +66,8 @@ if [ "${RUN_CONTROL:-1}" = 1 ] && [[ " ${SANITIZE_TOOLS-memcheck racecheck initc
     log="$OUT/initcheck-control-${mode//=/}.log"  # the device tool returns plain names only
     # CONTROL_CACHED=1: the probe runs natively first and the sanitized run loads its executables
     # from that cache, as the harness's sanitized runs load the native run's; else it compiles under the tool
-    export JAX_COMPILATION_CACHE_DIR=$(mktemp -d)
+    JAX_COMPILATION_CACHE_DIR=$(mktemp -d) || exit 1
+    export JAX_COMPILATION_CACHE_DIR
     [ "${CONTROL_CACHED:-0}" = 1 ] && python3 benchmarks/initcheck_xla_probe.py ${mode//-/ } > /dev/null 2>&1
     compute-sanitizer --tool initcheck --print-limit "$PRINT_LIMIT" $BACKTRACE python3 benchmarks/initcheck_xla_probe.py ${mode//-/ } > "$log" 2>&1
     echo "initcheck control ($mode, no jequi): $(grep -m1 'ERROR SUMMARY' "$log"); $(grep -m1 '^x' "$log")" | tee -a "$OUT/summary.txt"

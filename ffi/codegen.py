@@ -47,9 +47,10 @@ fit otherwise (``Config.batched_group_major``); else node by node (``blockIdx.x 
 group``). The groups' ``gy`` partials are summed by the caller.
 Batches from ``jax.vmap`` arrive as grid rows ``blockIdx.y``.
 
-Operands stored in bfloat16 or float16 (type ``S``) are widened to float32 (``T``) as they load,
-by vector loads of the same lanes and channels as float32's (:func:`.ctext.half_helpers`): the
-kernel is float32's, with half the bytes read. The results it completes are rounded to ``S`` as
+Operands stored in bfloat16 or float16 (type ``S``) are read by vector loads of the same lanes
+and channels as float32's and widened to float32 (``T``) where they are used; a register that
+prefetches the next edge's keeps them raw (:func:`.ctext.half_helpers`). The kernel is float32's,
+with half the bytes read. The results it completes are rounded to ``S`` as
 they are stored; the partial sums its caller adds stay in float32
 (:meth:`.launch.Plan._result_dtypes`).
 """

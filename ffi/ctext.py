@@ -49,7 +49,8 @@ def vtype(width: int) -> str:
 
 def load_expr(row: str, index: str, stream: bool, width: int = 1, half: bool = False) -> str:
     """A load of `width` adjacent values (one vector load: the index is a multiple of it);
-    `half`: of half-precision values, widened to the math type (:func:`half_helpers`)."""
+    `half`: of half-precision values, into a holder that widens them to the math type where
+    it is converted (:func:`half_helpers`)."""
     if half:
         return f"{'ldcs' if stream else 'ldg'}{width}({row} + {index})"
     address = f"{row} + {index}" if width == 1 else f"reinterpret_cast<const {vtype(width)}*>({row} + {index})"
@@ -60,7 +61,7 @@ def raw_holder(expr: str, width: int) -> str | None:
     """The ``H<width>`` type that holds `expr`'s raw half-precision values where `expr` is one
     of :func:`half_helpers`' loads (None otherwise, e.g. a load under a condition, which is a
     float): the type of a half-precision kernel's prefetch register."""
-    return f"H{width}" if re.fullmatch(rf"(ldcs|ldg){width}\(.*\)", expr) else None
+    return f"H{width}" if re.fullmatch(rf"(ldcs|ldg){width}\([^()]*\)", expr) else None
 
 
 def store_stmt(row: str, index: str, values: list[str], fn: str = "__stcs", half: bool = False) -> str:

@@ -3,6 +3,7 @@ and every generated kernel compiles with nvcc (skipped without one). On a GPU: t
 against the pure-JAX reference, batched and as the conv, f32 and f64, every derivative order,
 edge cases of graphs, vmap, and bitwise determinism."""
 
+import collections
 import dataclasses
 import functools
 import re
@@ -259,7 +260,7 @@ COMPILE_CASES = [
     # the catalogue's widest batched forward (19,968 outputs a row), one segment's sums at a time
     ("nequip-benzene", np.float32, "tp_forward", (True, True, True), False),
     ("nequip-benzene-ir_mul", np.float64, "tp_forward", (True, True, True), False),
-    # half-precision storage (widened to float32 as it loads), every kind
+    # half-precision storage (widened to float32 where it is used), every kind
     ("vec", jnp.bfloat16, "conv_forward", (True, True, True), False),
     ("vec-ir_mul", jnp.float16, "conv_backward", (True, True, True), True),
     ("wide", jnp.bfloat16, "conv_atomic_backward", SECOND, False),
@@ -800,8 +801,11 @@ def test_half_precision_prefetch_keeps_the_raw_values():
         registers = lambda source: re.findall(r"^\s*(\w+) p(\w+);$", source, re.M)  # noqa: E731
         assert registers(half) and {t for t, _ in registers(half)} <= {"H1", "H2", "H4"}, (kind, registers(half))
         assert {t for t, _ in registers(single)} <= {"T", "T2", "T4"} and "H2" not in single, kind
-        # each is taken as the math type where the edge's arithmetic starts
-        assert all(re.search(rf"const T\d? {name} = p{name};", half) for _, name in registers(half)), kind
+        # each is taken as the math type of its width where the edge's arithmetic starts
+        taken = re.findall(r"const T(\d?) (\w+) = p(\w+);", half)
+        assert all(name == register for _, name, register in taken), kind
+        widths = lambda pairs: collections.Counter((w.lstrip("HT") or "1", name) for w, name in pairs)  # noqa: E731
+        assert widths(registers(half)) == widths([(f"T{w}", name) for w, name, _ in taken]), kind
     assert ctext.raw_holder("ldcs4(wr_n + 0 + u)", 4) == "H4"
     assert ctext.raw_holder("(lane + 32 < staged * 3 ? ldcs1(xr_n + bx0 + lane + 32) : T(0))", 1) is None
 
