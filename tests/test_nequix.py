@@ -125,6 +125,7 @@ def test_shipped_model_equals_nequix_float64(name):
     assert ours.shape == (n, n, 3, 3)
     assert _relative(ours, ref) < 1e-10
     assert _relative(ours, ours.transpose(1, 0, 3, 2)) < 1e-10  # symmetric
+    assert np.abs(ours.sum(axis=1)).max() < 1e-8 * np.abs(ours).max()  # a rigid translation costs nothing
 
 
 @pytest.mark.parametrize("name", MODELS)
