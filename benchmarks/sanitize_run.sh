@@ -62,7 +62,7 @@ if [ "${RUN_CONTROL:-1}" = 1 ] && [[ " ${SANITIZE_TOOLS-memcheck racecheck initc
   # the control: JAX's own index ops without jequi (benchmarks/initcheck_xla_probe.py), x64 off and on
   # (x64-scan: the same ops in radial_conv's chunk loop, transposed, where loop_maximum_fusion was reported)
   # CONTROL_MODES: the probe's arguments joined by "-" (x64-scan-chunks=12-keep: 12 chunks, XLA's loop unrolling off)
-  for mode in ${CONTROL_MODES:-x32 x64 x64-scan}; do
+  for mode in ${CONTROL_MODES:-x32 x64 x64-scan x64-scan-keep-order=forward x64-scan-keep-order=tangent}; do
     log="$OUT/initcheck-control-${mode//=/}.log"  # the device tool returns plain names only
     # CONTROL_CACHED=1: the probe runs natively first and the sanitized run loads its executables
     # from that cache, as the harness's sanitized runs load the native run's; else it compiles under the tool
