@@ -60,7 +60,8 @@ for tool in ${SANITIZE_TOOLS-memcheck racecheck initcheck}; do
 done
 if [ "${RUN_CONTROL:-1}" = 1 ] && [[ " ${SANITIZE_TOOLS-memcheck racecheck initcheck} " == *" initcheck "* ]]; then
   # the control: JAX's own index ops without jequi (benchmarks/initcheck_xla_probe.py), x64 off and on
-  # (x64-scan: the same ops in radial_conv's chunk loop, transposed, where loop_maximum_fusion was reported)
+  # (x64-scan: the same ops in radial_conv's chunk loop, differentiated, so the transposed loop;
+  # -keep-order=forward / tangent: the loop itself and its jvp, kept, the orders in which radial_conv reports)
   # CONTROL_MODES: the probe's arguments joined by "-" (x64-scan-chunks=12-keep: 12 chunks, XLA's loop unrolling off)
   for mode in ${CONTROL_MODES:-x32 x64 x64-scan x64-scan-keep-order=forward x64-scan-keep-order=tangent}; do
     log="$OUT/initcheck-control-${mode//=/}.log"  # the device tool returns plain names only
