@@ -103,9 +103,10 @@ def case(name: str, f, args, orders=ORDERS, tol: float = 1e-4, dtype=jnp.float32
         if ONLY and not label.startswith(ONLY):
             continue
         try:
-            run = lambda be, dtype: jax.jit(_order(lambda *a: f(be, *a), order, args))(*_cast(args, dtype))  # noqa: E731
+            compiled = lambda be: jax.jit(_order(lambda *a: f(be, *a), order, args))  # noqa: E731
+            run = lambda be, dtype: compiled(be)(*_cast(args, dtype))  # noqa: E731
             if KERNELS_ONLY:  # copied to the host: initcheck checks every byte of the results as a memcpy source
-                fn = jax.jit(_order(lambda *a: f(backend, *a), order, args))
+                fn = compiled(backend)  # one trace for all the runs
                 for i in range(RUNS):
                     jax.device_get(fn(*_cast(args, dtype)))
                     print(f"{label}{f' (run {i + 1})' if RUNS > 1 else ''}: ran", flush=True)

@@ -25,6 +25,8 @@ export XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_autotune_level=0 --xla_gpu_enable_com
 # host backtraces, yes host and device ones
 PRINT_LIMIT=${PRINT_LIMIT:-20}
 BACKTRACE="--show-backtrace ${BACKTRACE:-no}"
+# the device function of each report in log $1 (a jequi kernel, or an XLA fusion), counted
+sites() { grep -oE '^=========     at [A-Za-z0-9_.$]+' "$1" | sed 's/^=========     at /  reported in /' | sort | uniq -c; }
 ARGS="--families ${SANITIZE_FAMILIES:-tp,conv,eaas,attention,symmetric} --only=${SANITIZE_ONLY:-}"
 if [ "${RUN_NATIVE:-1}" = 1 ]; then  # RUN_NATIVE=0: a later call on the same machine, the cache filled
   { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; compute-sanitizer --version | tail -1
@@ -45,10 +47,9 @@ for tool in ${SANITIZE_TOOLS-memcheck racecheck initcheck}; do
   JAX_COMPILATION_CACHE_DIR=$cache timeout "${SANITIZE_TIMEOUT:-150}" compute-sanitizer --tool "$tool" $extra --target-processes all \
     --print-limit "$PRINT_LIMIT" $BACKTRACE python3 benchmarks/sanitize_kernels.py $ARGS --kernels-only --runs "${SANITIZE_RUNS:-1}" > "$OUT/$tool.log" 2>&1
   echo "$tool: exit $?; $(grep -m1 'ERROR SUMMARY' "$OUT/$tool.log" || echo 'no ERROR SUMMARY line'); $(grep -E '^[0-9]+ cases' "$OUT/$tool.log" || tail -1 "$OUT/$tool.log"); $(( $(date +%s) - t0 )) s" | tee -a "$OUT/summary.txt"
-  # where the reports are: the device function of each (a jequi kernel, or an XLA fusion), the
-  # kind and size of each access, the addresses, and the case each was printed in (reports come
-  # before their case's "ran" line)
-  grep -oE '^=========     at [A-Za-z0-9_.$]+' "$OUT/$tool.log" | sed 's/^=========     at /  reported in /' | sort | uniq -c | tee -a "$OUT/summary.txt"
+  # where the reports are: their device functions (sites), the kind and size of each access,
+  # the addresses, and the case each was printed in (reports come before their case's "ran" line)
+  sites "$OUT/$tool.log" | tee -a "$OUT/summary.txt"
   grep -oE '^========= [A-Z][A-Za-z_ ]+(of size [0-9]+ bytes)?' "$OUT/$tool.log" | grep -v 'ERROR SUMMARY\|COMPUTE' | sort | uniq -c | sed 's/^/  kind /' | tee -a "$OUT/summary.txt"
   grep -oE 'Address 0x[0-9a-f]+|address 0x[0-9a-f]+' "$OUT/$tool.log" | sort | uniq -c | sort -rn | head -20 | sed 's/^/  at /' | tee -a "$OUT/summary.txt"
   # (device reports only: a host API report has no "at" line, and may print after its case's line)
@@ -73,6 +74,6 @@ if [ "${RUN_CONTROL:-1}" = 1 ] && [[ " ${SANITIZE_TOOLS-memcheck racecheck initc
     compute-sanitizer --tool initcheck --print-limit "$PRINT_LIMIT" $BACKTRACE python3 benchmarks/initcheck_xla_probe.py ${mode//-/ } > "$log" 2>&1
     echo "initcheck control ($mode, no jequi): $(grep -m1 'ERROR SUMMARY' "$log"); $(grep -m1 '^x' "$log")" | tee -a "$OUT/summary.txt"
     grep -oE 'of size [0-9]+ bytes' "$log" | sort | uniq -c | sed 's/^/  size /' | tee -a "$OUT/summary.txt"
-    grep -oE '^=========     at [A-Za-z0-9_.$]+' "$log" | sed 's/^=========     at /  reported in /' | sort | uniq -c | tee -a "$OUT/summary.txt"
+    sites "$log" | tee -a "$OUT/summary.txt"
   done
 fi

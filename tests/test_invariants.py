@@ -28,6 +28,11 @@ def _efs(calc, atoms):
     return atoms.get_potential_energy(), atoms.get_forces(), atoms.get_stress(voigt=False)
 
 
+# tests/test_nequix.py checks this model's float64 Hessian against nequix's own, with its symmetry
+# and the acoustic sum rule: the suite's slowest computation, run once
+HESSIAN_IN_TEST_NEQUIX = ("nequix-oam-1",)
+
+
 @pytest.mark.parametrize("name", pretrained.shipped())
 def test_invariants(name):
     calc = JequiCalculator(name, dtype="float64")
@@ -79,11 +84,6 @@ def test_invariants(name):
 
     md = ase_nve(atoms, calc, 100, timestep_fs=1.0, temperature_K=300.0, seed=2)
     assert abs(md["drift_meV_per_atom"]) < 0.5 and md["max_deviation_meV_per_atom"] < 2.0, md
-
-
-# tests/test_nequix.py checks this model's float64 Hessian against nequix's own, with its symmetry
-# and the acoustic sum rule: the suite's slowest computation, run once
-HESSIAN_IN_TEST_NEQUIX = ("nequix-oam-1",)
 
 
 def _check_hessian(calc, atoms):
